@@ -1,0 +1,3 @@
+from turborag.cli import main
+
+main()

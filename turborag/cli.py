@@ -1,0 +1,232 @@
+"""The `turborag` command line (typer). Each command is a thin shell over one module."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from turborag.engine import MODES
+from turborag.model import DEFAULT_MODEL, ModelError, turborag_home
+
+app = typer.Typer(
+    help="TurboRAG: RAG answers that start fast, from precomputed chunk KV caches.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+data_app = typer.Typer(help="Data sets for development and evaluation.", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks (ratios measured side by side in one run).", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+app.add_typer(bench_app, name="bench")
+console = Console(stderr=True)
+
+ModelOpt = typer.Option(DEFAULT_MODEL, "--model", help="gemma-3-270m, an HF model folder, or a .gguf file")
+DeviceOpt = typer.Option("cpu", "--device", help="cpu, cuda, cuda:N or auto")
+TemplateOpt = typer.Option(
+    "auto", "--template", help="prompt template: auto (chat if the model has one), plain, chat"
+)
+
+
+def fail(message: str, code: int = 2) -> None:
+    """One clear line on stderr, no traceback."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _parse_modes(modes: str) -> list[str]:
+    out = [m.strip() for m in modes.split(",") if m.strip()]
+    bad = [m for m in out if m not in MODES]
+    if bad or not out:
+        fail(f"unknown mode {', '.join(bad) or '(none)'}: use one or more of {', '.join(MODES)}")
+    return out
+
+
+def _engine(model: str, device: str, store: Path | None, template: str, store_dtype: str = "float16"):
+    from turborag.engine import Engine
+    from turborag.model import load_model
+    from turborag.store import KVStore
+
+    try:
+        with console.status(f"loading {model}"):
+            lm = load_model(model, device)
+        return Engine(lm, KVStore(store or turborag_home() / "eval-store", store_dtype), template)
+    except ModelError as e:
+        fail(str(e))
+    except ValueError as e:
+        fail(str(e))
+
+
+@app.command()
+def demo(
+    model: str = ModelOpt,
+    device: str = DeviceOpt,
+    template: str = TemplateOpt,
+    store: Path = typer.Option(None, help="cache store directory (default: $TURBORAG_HOME/demo-store)"),
+) -> None:
+    """Answer bundled questions over bundled passages in full and turbo mode; print answers and TTFT."""
+    from turborag.demo import run_demo
+
+    engine = _engine(model, device, store or turborag_home() / "demo-store", template)
+    run_demo(engine, Console())
+
+
+@app.command("eval")
+def eval_cmd(
+    data: Path = typer.Argument(..., help="JSONL: {question, answers: [..], contexts: [..]} per line"),
+    modes: str = typer.Option("full,turbo,turbo-composite", help="comma-separated modes"),
+    limit: int = typer.Option(None, min=1, help="only the first N usable questions"),
+    model: str = ModelOpt,
+    device: str = DeviceOpt,
+    template: str = TemplateOpt,
+    store: Path = typer.Option(None, help="cache store (default: $TURBORAG_HOME/eval-store)"),
+    max_new_tokens: int = typer.Option(32, min=1),
+    as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
+    predictions: Path = typer.Option(None, help="also write every answer to this JSONL file"),
+) -> None:
+    """Accuracy and TTFT of every mode on the same questions and passages."""
+    from turborag.evaluate import load_examples, run_eval
+
+    mode_list = _parse_modes(modes)
+    if not data.is_file():
+        fail(f"no such file: {data}")
+    examples, problems = load_examples(data, limit)
+    for p in problems:
+        typer.echo(f"warning: skipped {data}:{p}", err=True)
+    if not examples:
+        fail(f"{data}: no usable question ({len(problems)} bad lines)")
+    engine = _engine(model, device, store, template)
+    preds: list[dict] = []
+    results = run_eval(engine, examples, mode_list, max_new_tokens, progress=not as_json, predictions=preds)
+    if predictions:
+        predictions.write_text("".join(json.dumps(p) + "\n" for p in preds))
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {
+                    "modes": {m: vars(r) for m, r in results.items()},
+                    "model": model,
+                    "skipped_lines": len(problems),
+                }
+            )
+        )
+        return
+    table = Table(title=f"{data.name}: {len(examples)} questions, model {model}")
+    for col in ("mode", "n", "accuracy", "exact match", "TTFT mean (s)", "TTFT p50 (s)"):
+        table.add_column(col, justify="right" if col != "mode" else "left")
+    for m, r in results.items():
+        table.add_row(
+            m,
+            str(r.n),
+            f"{r.accuracy:.1%}",
+            f"{r.exact_match:.1%}",
+            f"{r.ttft_s_mean:.3f}",
+            f"{r.ttft_s_p50:.3f}",
+        )
+    Console().print(table)
+    Console().print(
+        "TTFT includes loading and assembling chunk caches; precomputing them is offline and excluded."
+    )
+
+
+@bench_app.command("ttft")
+def bench_ttft_cmd(
+    context_tokens: str = typer.Option("512,2048,8192", help="comma-separated context sizes in tokens"),
+    repeats: int = typer.Option(3, min=1, help="measurements per mode and size (median reported)"),
+    chunk_tokens: int = typer.Option(512, min=16),
+    model: str = ModelOpt,
+    device: str = DeviceOpt,
+    template: str = TemplateOpt,
+    store: Path = typer.Option(None, help="cache store (default: $TURBORAG_HOME/bench-store)"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Full vs turbo TTFT per context size, alternating in one run; precompute throughput; bytes/token."""
+    from turborag.bench import bench_ttft, rows_as_dicts
+    from turborag.model import bytes_per_token
+
+    try:
+        sizes = [int(s) for s in context_tokens.split(",") if s.strip()]
+    except ValueError:
+        fail(f"--context-tokens must be comma-separated integers, got {context_tokens!r}")
+    if not sizes or min(sizes) < 1:
+        fail("--context-tokens needs positive sizes")
+    engine = _engine(model, device, store or turborag_home() / "bench-store", template)
+    if max(sizes) + 512 > engine.lm.max_positions:
+        fail(f"context of {max(sizes)} tokens does not fit the model's window of {engine.lm.max_positions}")
+    rows = bench_ttft(
+        engine, sizes, repeats, chunk_tokens, log=lambda r: console.print(r) if not as_json else None
+    )
+    info = {
+        "model": model,
+        "device": str(engine.lm.device),
+        "dtype": str(engine.lm.dtype).replace("torch.", ""),
+        "store_dtype": engine.store.dtype,
+        "repeats": repeats,
+        "kv_bytes_per_token": bytes_per_token(engine.lm.model, engine.store.torch_dtype),
+    }
+    if as_json:
+        typer.echo(json.dumps({**info, "rows": rows_as_dicts(rows)}))
+        return
+    table = Table(title=f"TTFT, {model} on {info['device']} ({info['dtype']}), median of {repeats}")
+    for col in (
+        "context tokens",
+        "full TTFT (s)",
+        "turbo TTFT (s)",
+        "speedup",
+        "precompute tok/s",
+        "full prefill tok/s",
+        "cache bytes/token",
+    ):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(
+            str(r.context_tokens),
+            f"{r.full_ttft_s:.3f}",
+            f"{r.turbo_ttft_s:.3f}",
+            f"{r.speedup:.1f}x",
+            f"{r.precompute_tok_s:.0f}",
+            f"{r.full_prefill_tok_s:.0f}",
+            f"{r.cache_bytes_per_token:.0f}",
+        )
+    Console().print(table)
+    Console().print(
+        f"KV bytes per token ({engine.store.dtype}, tensors only): {info['kv_bytes_per_token']}. "
+        "Turbo TTFT includes reading caches from the store; precompute is offline."
+    )
+
+
+@data_app.command("synth")
+def synth_cmd(
+    n: int = typer.Option(100, "--n", min=1, help="number of questions"),
+    contexts: int = typer.Option(5, "--contexts", min=1, help="passages per question (one holds the answer)"),
+    out: Path = typer.Option(..., "--out", help="output JSONL"),
+    seed: int = typer.Option(0),
+    domains: str = typer.Option(None, help="comma-separated domains for the questions (default: all)"),
+) -> None:
+    """Multi-document QA over fictional facts (only the passages can answer)."""
+    from turborag.synth import DOMAINS, generate, write_jsonl
+
+    doms = [d.strip() for d in domains.split(",")] if domains else None
+    try:
+        records = generate(n, contexts, seed=seed, domains=doms)
+    except ValueError as e:
+        fail(f"{e} (domains: {', '.join(DOMAINS)})")
+    write_jsonl(records, out)
+    typer.echo(f"wrote {len(records)} questions with {contexts} passages each to {out}", err=True)
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        app()
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,195 @@
+"""One request, start to finish: prompt -> (cached or full) prefill -> first token -> stream.
+
+Modes, all in this one engine so that the only difference between them is cache reuse:
+- `full`: standard RAG. The whole prompt (prefix + passages + question) is prefilled at query time.
+- `turbo`: the passages' precomputed caches are loaded from the store, re-positioned to contiguous
+  (reordered) positions, placed after the prefix cache, and only the question suffix is prefilled.
+- `turbo-composite`: the same with composite positions (every chunk keeps its own offsets).
+
+TTFT is measured from the call until the first generated token id is known. It includes tokenizing the
+prompt and, in turbo modes, reading the chunk caches from the store and assembling them. Precomputing the
+caches is offline work (ingest) and is not included; a cache missing at query time is computed on the spot
+and that time *is* included (and reported as `computed_chunks`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from turborag import hf_compat, kv
+from turborag.generate import SamplingParams, TextStream, decode, eos_ids
+from turborag.model import LoadedModel, layer_inv_freq
+from turborag.prompt import Prompt, PromptLayout
+from turborag.store import KVStore, cache_key
+
+MODES = ("full", "turbo", "turbo-composite")
+_POSITIONS = {"turbo": "reordered", "turbo-composite": "composite"}
+
+
+class PromptTooLong(ValueError):
+    """The prompt plus the answer budget does not fit the model's context window."""
+
+
+@dataclass
+class Answer:
+    text: str
+    mode: str
+    ttft_s: float
+    total_s: float
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens served from precomputed caches (prefix + chunks)
+    completion_tokens: int
+    computed_chunks: int = 0  # chunks whose cache was missing and computed inside this request
+    token_ids: list[int] = field(default_factory=list)
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}: use one of {', '.join(MODES)}")
+    return mode
+
+
+class Engine:
+    """Holds the model, its prompt layout, the prefix cache and the chunk store."""
+
+    def __init__(self, lm: LoadedModel, store: KVStore, template: str = "auto", batch_size: int = 4):
+        self.lm = lm
+        self.store = store
+        self.layout = PromptLayout(lm.tokenizer, template)
+        self.batch_size = batch_size
+        self.inv_freq = torch.stack(layer_inv_freq(lm.model))  # (layers, head_dim/2) fp64
+        self.stop_ids = eos_ids(lm.tokenizer, lm.model)
+        self.prefix_ids = self.layout.prefix_ids()
+        self.prefix_kv = kv.prefill_prefix(lm.model, self.prefix_ids)  # resident: shared by every request
+        pad = lm.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else 0
+
+    # -- keys and precompute -------------------------------------------------------------------------
+
+    def key(self, chunk_ids: list[int]) -> str:
+        return cache_key(self.lm.fingerprint, self.prefix_ids, chunk_ids, self.store.dtype)
+
+    def precompute(self, passages: Sequence[str], on_batch=None) -> tuple[int, int]:
+        """Compute and store the caches of passages not stored yet. Returns (chunks, tokens) computed."""
+        todo: dict[str, list[int]] = {}
+        for text in passages:
+            ids = self.layout.chunk_ids(text)
+            k = self.key(ids)
+            if k not in todo and k not in self.store:
+                todo[k] = ids
+        self._compute_and_store(todo, on_batch)
+        return len(todo), sum(len(v) for v in todo.values())
+
+    def _compute_and_store(self, todo: dict[str, list[int]], on_batch=None) -> dict[str, kv.ChunkKV]:
+        keys = list(todo)
+        out = {}
+        for s in range(0, len(keys), self.batch_size * 8):  # store as we go: a crash loses little
+            part = keys[s : s + self.batch_size * 8]
+            caches = kv.precompute_chunks(
+                self.lm.model, self.prefix_kv, [todo[k] for k in part], self.batch_size, self.pad_id, on_batch
+            )
+            for k, c in zip(part, caches):
+                self.store.put(k, c)
+                out[k] = c
+        return out
+
+    # -- answering -----------------------------------------------------------------------------------
+
+    def check_length(self, prompt: Prompt, max_new_tokens: int) -> None:
+        need = len(prompt.ids) + max_new_tokens
+        limit = self.lm.max_positions
+        if need > limit:
+            raise PromptTooLong(
+                f"prompt of {len(prompt.ids)} tokens + {max_new_tokens} new tokens exceeds the model's "
+                f"context window of {limit} tokens"
+            )
+
+    def answer(
+        self,
+        question: str,
+        passages: Sequence[str],
+        mode: str = "turbo",
+        params: SamplingParams | None = None,
+    ):
+        """Run to completion; returns the Answer."""
+        result = None
+        for item in self.stream(question, passages, mode, params):
+            if isinstance(item, Answer):
+                result = item
+        return result
+
+    def stream(
+        self,
+        question: str,
+        passages: Sequence[str],
+        mode: str = "turbo",
+        params: SamplingParams | None = None,
+    ) -> Iterator[str | Answer]:
+        """Yield text deltas as they are decoded, then the final Answer."""
+        check_mode(mode)
+        params = params or SamplingParams()
+        t0 = time.perf_counter()
+        prompt = self.layout.build(question, list(passages))
+        self.check_length(prompt, params.max_new_tokens)
+        if mode == "full":
+            cache, logits, next_pos, cached, computed = self._prefill_full(prompt)
+        else:
+            cache, logits, next_pos, cached, computed = self._prefill_turbo(prompt, _POSITIONS[mode])
+
+        stream = TextStream(self.lm.tokenizer, params)
+        ttft = None
+        for tok in decode(self.lm.model, cache, logits, next_pos, params, self.stop_ids):
+            if ttft is None:
+                ttft = time.perf_counter() - t0
+            delta = stream.push(tok)
+            if delta:
+                yield delta
+            if stream.stopped:
+                break
+        tail = stream.flush()
+        if tail:
+            yield tail
+        total = time.perf_counter() - t0
+        yield Answer(
+            text=stream.text.strip(),
+            mode=mode,
+            ttft_s=ttft if ttft is not None else total,
+            total_s=total,
+            prompt_tokens=len(prompt.ids),
+            cached_tokens=cached,
+            completion_tokens=len(stream.ids),
+            computed_chunks=computed,
+            token_ids=list(stream.ids),
+        )
+
+    def _prefill_full(self, prompt: Prompt):
+        """Standard RAG: everything from scratch, positions 0..len-1."""
+        dev = self.lm.device
+        ids = torch.tensor([prompt.ids], device=dev)  # (1, T)
+        cache = hf_compat.new_cache()
+        with torch.inference_mode():
+            logits = hf_compat.forward(
+                self.lm.model, ids, torch.arange(ids.shape[1], device=dev)[None], cache, logits_to_keep=1
+            )
+        return cache, logits[0, -1], ids.shape[1], 0, 0
+
+    def _prefill_turbo(self, prompt: Prompt, positions: str):
+        """Load chunk caches (computing any that are missing), assemble, prefill only the suffix."""
+        dev, dtype = self.lm.device, self.lm.dtype
+        keys = [self.key(c) for c in prompt.chunks]
+        loaded = {k: self.store.get(k) for k in dict.fromkeys(keys)}
+        missing = {k: ids for k, ids in zip(keys, prompt.chunks) if loaded[k] is None}
+        if missing:
+            loaded.update(self._compute_and_store(missing))
+        chunks = [loaded[k].to(dev, dtype) for k in keys]
+        cache, next_pos = kv.assemble(self.prefix_kv.to(dev, dtype), chunks, self.inv_freq, positions)
+        suffix = torch.tensor([prompt.suffix], device=dev)  # (1, S)
+        pos = torch.arange(next_pos, next_pos + suffix.shape[1], device=dev)[None]  # (1, S)
+        with torch.inference_mode():
+            logits = hf_compat.forward(self.lm.model, suffix, pos, cache, logits_to_keep=1)
+        cached = len(prompt.prefix) + prompt.context_tokens
+        return cache, logits[0, -1], next_pos + suffix.shape[1], cached, len(missing)

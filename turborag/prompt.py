@@ -1,0 +1,76 @@
+"""Prompt layout: prefix + chunks + suffix, each tokenized on its own.
+
+    prefix = BOS + instruction            (prefilled once, shared by every chunk's cache)
+    chunk  = "Passage: <text>\\n\\n"        (one per retrieved passage; KV precomputed behind the prefix)
+    suffix = "Question: <q>\\nAnswer:"      (the only part prefilled at query time in turbo mode)
+
+The prompt is the concatenation of these token lists, never a re-tokenized string, so `full` and `turbo`
+see exactly the same token ids and differ only in cache reuse. A chunk's tokens cannot depend on its
+place in the prompt (no "Passage 3:" numbering), or its cache could not be reused.
+
+Models with a chat template put the chunks inside the user turn: the template is rendered around a
+sentinel and split there, giving the text before the user content (joined to the prefix) and after it
+(joined to the suffix).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+INSTRUCTION = "Answer the question using the passages below. Reply with a short answer.\n\n"
+_SENTINEL = "\x00TURBORAG_USER_CONTENT\x00"
+
+
+@dataclass
+class Prompt:
+    prefix: list[int]
+    chunks: list[list[int]]
+    suffix: list[int]
+
+    @property
+    def ids(self) -> list[int]:
+        return self.prefix + [t for c in self.chunks for t in c] + self.suffix
+
+    @property
+    def context_tokens(self) -> int:
+        return sum(len(c) for c in self.chunks)
+
+
+class PromptLayout:
+    """Turns (question, passages) into token lists for one tokenizer."""
+
+    def __init__(self, tokenizer, template: str = "auto", instruction: str = INSTRUCTION):
+        if template not in ("auto", "plain", "chat"):
+            raise ValueError(f"unknown template {template!r}: use auto, plain or chat")
+        has_chat = bool(getattr(tokenizer, "chat_template", None))
+        if template == "chat" and not has_chat:
+            raise ValueError("--template chat: this tokenizer has no chat template")
+        self.tokenizer = tokenizer
+        self.template = "chat" if template == "chat" or (template == "auto" and has_chat) else "plain"
+        self.instruction = instruction
+        if self.template == "chat":
+            rendered = tokenizer.apply_chat_template(
+                [{"role": "user", "content": _SENTINEL}], tokenize=False, add_generation_prompt=True
+            )
+            self.before, self.after = rendered.split(_SENTINEL)
+        else:
+            bos = tokenizer.bos_token or ""
+            self.before, self.after = bos, ""
+        self._prefix = self._encode(self.before + self.instruction)
+
+    def _encode(self, text: str) -> list[int]:
+        # Special tokens (BOS, turn markers) are written in the text, so the tokenizer must not add more.
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def prefix_ids(self) -> list[int]:
+        return list(self._prefix)
+
+    def chunk_ids(self, text: str) -> list[int]:
+        return self._encode(f"Passage: {text.strip()}\n\n")
+
+    def suffix_ids(self, question: str) -> list[int]:
+        cue = "\nAnswer:" if self.template == "plain" else ""
+        return self._encode(f"Question: {question.strip()}{cue}" + self.after)
+
+    def build(self, question: str, passages: list[str]) -> Prompt:
+        return Prompt(self.prefix_ids(), [self.chunk_ids(p) for p in passages], self.suffix_ids(question))
