@@ -199,6 +199,43 @@ def bench_ttft_cmd(
     )
 
 
+@app.command()
+def finetune(
+    data: Path = typer.Option(..., "--data", help="training JSONL: {question, answers, contexts} per line"),
+    out: Path = typer.Option(..., "--out", help="output folder (checkpoints, adapter, merged model)"),
+    model: str = ModelOpt,
+    lora: bool = typer.Option(True, "--lora/--full", help="LoRA adapter (default) or full fine-tuning"),
+    causal: bool = typer.Option(False, "--causal", help="ordinary causal mask (the naive-RAG baseline)"),
+    positions: str = typer.Option("reordered", help="reordered or composite (turbo training only)"),
+    steps: int = typer.Option(500, min=1),
+    batch: int = typer.Option(4, min=1, help="examples per optimizer step"),
+    lr: float = typer.Option(None, help="learning rate (default 2e-4 LoRA, 2e-5 full)"),
+    rank: int = typer.Option(16, min=1, help="LoRA rank"),
+    save_every: int = typer.Option(25, min=1, help="checkpoint every N steps (resume picks up from there)"),
+    seed: int = typer.Option(0),
+    device: str = DeviceOpt,
+    template: str = TemplateOpt,
+) -> None:
+    """Cache-aware fine-tune: trains through the serving path (independent chunks, reordered positions)."""
+    from turborag.model import load_model
+    from turborag.train import TrainConfig
+    from turborag.train import finetune as run
+
+    if not data.is_file():
+        fail(f"no such file: {data}")
+    if positions not in ("reordered", "composite"):
+        fail(f"unknown positions {positions!r}: use reordered or composite")
+    cfg = TrainConfig(data=str(data), out=str(out), model=model, lora=lora, causal=causal, positions=positions,
+                      steps=steps, batch=batch, lr=lr or (2e-4 if lora else 2e-5), rank=rank, alpha=2 * rank,
+                      save_every=save_every, seed=seed, template=template)
+    try:
+        lm = load_model(model, device)
+        dest = run(lm, cfg)
+    except (ModelError, ValueError) as e:
+        fail(str(e))
+    typer.echo(f"fine-tuned model written to {dest} (use it with --model {dest})", err=True)
+
+
 @data_app.command("synth")
 def synth_cmd(
     n: int = typer.Option(100, "--n", min=1, help="number of questions"),
@@ -206,13 +243,24 @@ def synth_cmd(
     out: Path = typer.Option(..., "--out", help="output JSONL"),
     seed: int = typer.Option(0),
     domains: str = typer.Option(None, help="comma-separated domains for the questions (default: all)"),
+    exclude: str = typer.Option(None, help="comma-separated domains to leave out (e.g. held-out eval domains)"),
+    max_contexts: int = typer.Option(None, min=1, help="vary passages per question from --contexts to this"),
 ) -> None:
     """Multi-document QA over fictional facts (only the passages can answer)."""
+    import random
+
     from turborag.synth import DOMAINS, generate, write_jsonl
 
-    doms = [d.strip() for d in domains.split(",")] if domains else None
+    doms = [d.strip() for d in domains.split(",")] if domains else list(DOMAINS)
+    if exclude:
+        doms = [d for d in doms if d not in {x.strip() for x in exclude.split(",")}]
     try:
-        records = generate(n, contexts, seed=seed, domains=doms)
+        if max_contexts is None or max_contexts <= contexts:
+            records = generate(n, contexts, seed=seed, domains=doms)
+        else:  # varied passage counts: one generator call per question, each with its own seed
+            rng = random.Random(seed)
+            records = [generate(1, rng.randint(contexts, max_contexts), seed=seed * 100_003 + i, domains=doms)[0]
+                       for i in range(n)]
     except ValueError as e:
         fail(f"{e} (domains: {', '.join(DOMAINS)})")
     write_jsonl(records, out)

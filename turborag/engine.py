@@ -5,6 +5,8 @@ Modes, all in this one engine so that the only difference between them is cache 
 - `turbo`: the passages' precomputed caches are loaded from the store, re-positioned to contiguous
   (reordered) positions, placed after the prefix cache, and only the question suffix is prefilled.
 - `turbo-composite`: the same with composite positions (every chunk keeps its own offsets).
+- `turbo-epic` / `turbo-blend`: turbo plus a training-free recompute of a few context tokens
+  (`recompute.py`): the first k tokens of each chunk, or the `ratio` most-deviating tokens.
 
 TTFT is measured from the call until the first generated token id is known. It includes tokenizing the
 prompt and, in turbo modes, reading the chunk caches from the store and assembling them. Precomputing the
@@ -20,14 +22,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from turborag import hf_compat, kv
+from turborag import hf_compat, kv, recompute
 from turborag.generate import SamplingParams, TextStream, decode, eos_ids
 from turborag.model import LoadedModel, layer_inv_freq
 from turborag.prompt import Prompt, PromptLayout
 from turborag.store import KVStore, cache_key
 
-MODES = ("full", "turbo", "turbo-composite")
-_POSITIONS = {"turbo": "reordered", "turbo-composite": "composite"}
+MODES = ("full", "turbo", "turbo-composite", "turbo-epic", "turbo-blend")
+_POSITIONS = {"turbo": "reordered", "turbo-composite": "composite", "turbo-epic": "reordered",
+              "turbo-blend": "reordered"}
 
 
 class PromptTooLong(ValueError):
@@ -56,7 +59,19 @@ def check_mode(mode: str) -> str:
 class Engine:
     """Holds the model, its prompt layout, the prefix cache and the chunk store."""
 
-    def __init__(self, lm: LoadedModel, store: KVStore, template: str = "auto", batch_size: int = 4):
+    def __init__(
+        self,
+        lm: LoadedModel,
+        store: KVStore,
+        template: str = "auto",
+        batch_size: int = 4,
+        recompute_k: int = 16,
+        recompute_ratio: float = 0.15,
+    ):
+        if recompute_k < 0 or not 0 <= recompute_ratio <= 1:
+            raise ValueError("recompute_k must be >= 0 and recompute_ratio in [0, 1]")
+        self.recompute_k = recompute_k
+        self.recompute_ratio = recompute_ratio
         self.lm = lm
         self.store = store
         self.layout = PromptLayout(lm.tokenizer, template)
@@ -138,7 +153,7 @@ class Engine:
         if mode == "full":
             cache, logits, next_pos, cached, computed = self._prefill_full(prompt)
         else:
-            cache, logits, next_pos, cached, computed = self._prefill_turbo(prompt, _POSITIONS[mode])
+            cache, logits, next_pos, cached, computed = self._prefill_turbo(prompt, mode)
 
         stream = TextStream(self.lm.tokenizer, params)
         ttft = None
@@ -177,8 +192,9 @@ class Engine:
             )
         return cache, logits[0, -1], ids.shape[1], 0, 0
 
-    def _prefill_turbo(self, prompt: Prompt, positions: str):
-        """Load chunk caches (computing any that are missing), assemble, prefill only the suffix."""
+    def _prefill_turbo(self, prompt: Prompt, mode: str):
+        """Load chunk caches (computing any that are missing), assemble, [recompute], prefill the suffix."""
+        positions = _POSITIONS[mode]
         dev, dtype = self.lm.device, self.lm.dtype
         keys = [self.key(c) for c in prompt.chunks]
         loaded = {k: self.store.get(k) for k in dict.fromkeys(keys)}
@@ -187,9 +203,26 @@ class Engine:
             loaded.update(self._compute_and_store(missing))
         chunks = [loaded[k].to(dev, dtype) for k in keys]
         cache, next_pos = kv.assemble(self.prefix_kv.to(dev, dtype), chunks, self.inv_freq, positions)
+        recomputed = 0
+        if mode in ("turbo-epic", "turbo-blend"):
+            recomputed = self._recompute(cache, prompt, positions, mode)
         suffix = torch.tensor([prompt.suffix], device=dev)  # (1, S)
         pos = torch.arange(next_pos, next_pos + suffix.shape[1], device=dev)[None]  # (1, S)
         with torch.inference_mode():
             logits = hf_compat.forward(self.lm.model, suffix, pos, cache, logits_to_keep=1)
-        cached = len(prompt.prefix) + prompt.context_tokens
+        cached = len(prompt.prefix) + prompt.context_tokens - recomputed
         return cache, logits[0, -1], next_pos + suffix.shape[1], cached, len(missing)
+
+    def _recompute(self, cache, prompt: Prompt, positions: str, mode: str) -> int:
+        """Refresh a few context tokens in place (recompute.py); returns how many."""
+        p, lengths = len(prompt.prefix), [len(c) for c in prompt.chunks]
+        shifts, _ = kv.layout(lengths, p, positions)
+        ids = prompt.prefix + [t for c in prompt.chunks for t in c]
+        pos = list(range(p)) + [p + d + j for d, n in zip(shifts, lengths) for j in range(n)]
+        if mode == "turbo-epic":
+            selected = recompute.epic_indices(p, lengths, self.recompute_k)
+        else:
+            first = p + (lengths[0] if lengths else 0)
+            selected = recompute.blend_indices(self.lm.model, cache, ids, pos, first, self.recompute_ratio)
+        recompute.recompute(self.lm.model, cache, ids, pos, selected)
+        return len(selected)

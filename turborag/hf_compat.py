@@ -13,6 +13,7 @@ precomputed chunk needs whatever its final place in the context.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 
@@ -56,7 +57,8 @@ def forward(
     Returns logits (B, T, vocab), or only the last `logits_to_keep` positions when it is > 0 (saves the
     vocab projection of every prompt token, which matters for a 262k-token vocabulary like Gemma's).
     """
-    kwargs = {_cache_kwarg(type(model)): cache}
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wraps the model
+    kwargs = {_cache_kwarg(type(base)): cache}
     out = model(
         input_ids=input_ids,
         position_ids=position_ids,
@@ -66,3 +68,28 @@ def forward(
         **kwargs,
     )
     return out.logits
+
+
+def move_tail(cache: DynamicCache, indices: torch.Tensor, n: int) -> None:
+    """Overwrite entries `indices` of every layer with the entries appended after index n, then drop them.
+
+    Used after recomputing some tokens: their fresh K/V were appended by the forward and replace the stale.
+    """
+    for layer in cache.layers:
+        for name in ("keys", "values"):
+            t = getattr(layer, name)  # (B, H, n + S, D)
+            t[:, :, indices] = t[:, :, n:]
+            setattr(layer, name, t[:, :, :n])
+
+
+@contextlib.contextmanager
+def first_layers(model: torch.nn.Module, k: int):
+    """Run only the first k decoder layers inside this block (HF decoders loop over
+    `layers[: config.num_hidden_layers]`): a cheap partial prefill for measuring early-layer K/V."""
+    cfg = model.config
+    saved = cfg.num_hidden_layers
+    cfg.num_hidden_layers = min(k, saved)
+    try:
+        yield
+    finally:
+        cfg.num_hidden_layers = saved

@@ -62,14 +62,19 @@ def to_cache(parts: Sequence[ChunkKV], batch: int = 1) -> hf_compat.DynamicCache
     return hf_compat.new_cache(layers)
 
 
-@torch.inference_mode()
-def prefill_prefix(model: torch.nn.Module, prefix_ids: list[int]) -> ChunkKV:
+def _grad_mode(grad: bool):
+    """Serving runs under inference_mode; training runs the very same code with autograd on."""
+    return torch.enable_grad() if grad else torch.inference_mode()
+
+
+def prefill_prefix(model: torch.nn.Module, prefix_ids: list[int], grad: bool = False) -> ChunkKV:
     """K/V of the shared prefix at positions [0, p)."""
     dev = next(model.parameters()).device
     ids = torch.tensor([prefix_ids], device=dev)  # (1, p)
     cache = hf_compat.new_cache()
-    hf_compat.forward(model, ids, torch.arange(len(prefix_ids), device=dev)[None], cache, logits_to_keep=1)
-    return _stack(hf_compat.cache_layers(cache), 0, len(prefix_ids))
+    with _grad_mode(grad):
+        hf_compat.forward(model, ids, torch.arange(len(prefix_ids), device=dev)[None], cache, logits_to_keep=1)
+        return _stack(hf_compat.cache_layers(cache), 0, len(prefix_ids))
 
 
 def precompute_chunks(
@@ -79,6 +84,7 @@ def precompute_chunks(
     batch_size: int = 4,
     pad_id: int = 0,
     on_batch=None,
+    grad: bool = False,
 ) -> list[ChunkKV]:
     """K/V of each chunk computed behind the prefix at positions [p, p + n_i); returns them in input order.
 
@@ -101,11 +107,11 @@ def precompute_chunks(
             ids[row, : len(chunks[i])] = torch.tensor(chunks[i], device=dev)
         pos = torch.arange(p, p + width, device=dev)[None].expand(len(idx), -1)  # (B, W)
         cache = to_cache([prefix_dev], batch=len(idx))
-        with torch.inference_mode():
+        with _grad_mode(grad):
             hf_compat.forward(model, ids, pos, cache, logits_to_keep=1)
-        layers = hf_compat.cache_layers(cache)
-        for row, i in enumerate(idx):
-            out[i] = _stack(layers, p, p + len(chunks[i]), b=row)
+            layers = hf_compat.cache_layers(cache)
+            for row, i in enumerate(idx):
+                out[i] = _stack(layers, p, p + len(chunks[i]), b=row)
         if on_batch is not None:
             on_batch(sum(len(chunks[i]) for i in idx))
     return out  # type: ignore[return-value]

@@ -730,7 +730,9 @@ def _record(
     n_distractors = contexts - 1
     # Mostly same-attribute look-alikes (the hard case), about a third from other domains for realism.
     n_other = n_distractors // 3
-    others = [d for d in _DOMAIN_LIST if d is not domain]
+    # Other-domain distractors come from the requested domains when there are several, so a training split
+    # never shows a held-out domain's passages; a single-domain (eval) split borrows from all the others.
+    others = [d for d in gold_domains if d is not domain] or [d for d in _DOMAIN_LIST if d is not domain]
     distractors = [
         _distractor(rng, domain, template, forbidden, used) for _ in range(n_distractors - n_other)
     ]
@@ -772,8 +774,8 @@ def generate(
 ) -> list[dict]:
     """Generate n QA records, each with `contexts` passages of which exactly one answers the question.
 
-    Output is deterministic for a seed.  `domains` limits the domains of the questions (distractors from
-    other domains may still appear); `answer_position` fixes where the gold passage goes, for studies of
+    Output is deterministic for a seed.  `domains` limits the domains of the questions and, when it names
+    several, of the other-domain distractors too; `answer_position` fixes where the gold passage goes, for studies of
     position bias ("lost in the middle"), instead of a uniform random position.
     """
     if n < 1:
