@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from turborag.cli import app
+from turborag.engine import MODES
 from turborag.synth import generate, write_jsonl
 
 runner = CliRunner()
@@ -49,7 +50,7 @@ def test_unknown_mode_is_one_line(env):
     r = runner.invoke(app, ["eval", str(data), "--modes", "full,warp"])
     assert r.exit_code == 2
     assert r.stderr.strip().splitlines() == [
-        "error: unknown mode warp: use one or more of full, turbo, turbo-composite"
+        f"error: unknown mode warp: use one or more of {', '.join(MODES)}"
     ]
 
 

@@ -104,4 +104,5 @@ def test_sampling_is_seeded(gemma_lm, tmp_path):
 
 
 def test_modes_constant():
-    assert MODES == ("full", "turbo", "turbo-composite")
+    assert MODES[:3] == ("full", "turbo", "turbo-composite")
+    assert set(MODES[3:]) == {"turbo-epic", "turbo-blend"}

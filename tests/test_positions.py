@@ -128,3 +128,33 @@ def test_multi_chunk_turbo_differs_from_full_but_reordered_close(tiny_lm):
     prompt, turbo = _turbo_logits(tiny_lm.model, layout, QUESTION, PASSAGES)
     full = _full_logits(tiny_lm.model, prompt.ids)[-len(prompt.suffix) :]
     assert (turbo - full).abs().max().item() > 1e-4
+
+
+@pytest.mark.parametrize("positions", ["reordered", "composite"])
+def test_buffered_serving_assembly_equals_plain(gemma_lm, positions):
+    """assemble_into (serving: fp16 chunks cast and rotated into preallocated buffers) gives the same cache
+    as the differentiable assemble, and the buffered cache decodes like a plain one."""
+    model = gemma_lm.model
+    layout = PromptLayout(gemma_lm.tokenizer)
+    prompt = layout.build(QUESTION, PASSAGES)
+    prefix = kv.prefill_prefix(model, prompt.prefix)
+    chunks = [kv.ChunkKV(c.k.half(), c.v.half()) for c in kv.precompute_chunks(model, prefix, prompt.chunks)]
+    inv = _inv_freq(model)
+    plain, pos_a = kv.assemble(prefix, [c.to("cpu", torch.float32) for c in chunks], inv, positions)
+    buf, pos_b = kv.assemble_into(
+        prefix, chunks, inv, positions, torch.device("cpu"), torch.float32, reserve=4
+    )
+    assert pos_a == pos_b
+    for (ka, va), (kb, vb) in zip(hf_compat.cache_layers(plain), hf_compat.cache_layers(buf)):
+        assert torch.equal(ka, kb) and torch.equal(va, vb)
+    outs = []
+    for cache in (plain, buf):  # grows past the 4 reserved slots: the buffer must reallocate correctly
+        with torch.no_grad():
+            x = torch.tensor([prompt.suffix])
+            outs.append(hf_compat.forward(model, x, torch.arange(pos_a, pos_a + x.shape[1])[None], cache))
+            for step in range(3):
+                p = pos_a + x.shape[1] + step
+                outs.append(hf_compat.forward(model, torch.tensor([[5 + step]]), torch.tensor([[p]]), cache))
+    half = len(outs) // 2
+    for a, b in zip(outs[:half], outs[half:]):
+        assert torch.equal(a, b)

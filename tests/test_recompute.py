@@ -47,7 +47,9 @@ def test_blend_ratio_one_is_exact_and_zero_is_turbo(tiny_lm, tmp_path):
 
     def blend(ratio):
         def pick(p, lengths, cache, ids):
-            return recompute.blend_indices(tiny_lm.model, cache, ids, list(range(len(ids))), p + lengths[0], ratio)
+            return recompute.blend_indices(
+                tiny_lm.model, cache, ids, list(range(len(ids))), p + lengths[0], ratio
+            )
 
         return pick
 

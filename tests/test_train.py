@@ -15,7 +15,11 @@ from turborag.store import KVStore
 from turborag.synth import generate, write_jsonl
 from turborag.train import TrainConfig, answer_ids, example_loss, finetune, serving_logits
 
-PASSAGES = ["Veltrano was founded by Ismena Throll.", "The Sallow runs through Brem.", "Cobalt Orchard sings."]
+PASSAGES = [
+    "Veltrano was founded by Ismena Throll.",
+    "The Sallow runs through Brem.",
+    "Cobalt Orchard sings.",
+]
 
 
 def _lm(kind="gemma3") -> LoadedModel:
@@ -36,15 +40,21 @@ def test_training_forward_equals_serving_path(kind, positions, tmp_path):
     chunks = [engine.store.get(engine.key(c)) for c in prompt.chunks]
     cache, pos = kv.assemble(engine.prefix_kv, chunks, engine.inv_freq, positions)
     with torch.no_grad():
-        served = hf_compat.forward(lm.model, torch.tensor([tail]), torch.arange(pos, pos + len(tail))[None], cache)[0]
-    trained = serving_logits(lm.model, engine.inv_freq, prompt.prefix, prompt.chunks, tail, positions=positions)
+        served = hf_compat.forward(
+            lm.model, torch.tensor([tail]), torch.arange(pos, pos + len(tail))[None], cache
+        )[0]
+    trained = serving_logits(
+        lm.model, engine.inv_freq, prompt.prefix, prompt.chunks, tail, positions=positions
+    )
     assert trained.requires_grad
     assert (trained.detach() - served).abs().max().item() < 1e-5
     # and the causal variant equals a full prefill
     causal = serving_logits(lm.model, engine.inv_freq, prompt.prefix, prompt.chunks, tail, causal=True)
     with torch.no_grad():
         ids = prompt.ids + tail[len(prompt.suffix) :]
-        full = hf_compat.forward(lm.model, torch.tensor([ids]), torch.arange(len(ids))[None], hf_compat.new_cache())
+        full = hf_compat.forward(
+            lm.model, torch.tensor([ids]), torch.arange(len(ids))[None], hf_compat.new_cache()
+        )
     assert (causal.detach() - full[0, -len(tail) :]).abs().max().item() < 1e-5
 
 
@@ -55,8 +65,18 @@ def _data(tmp_path, n=4):
 
 
 def _cfg(tmp_path, **kw) -> TrainConfig:
-    base = dict(data=_data(tmp_path), out=str(tmp_path / "out"), steps=12, batch=2, lr=3e-3, warmup=1,
-                save_every=3, max_passage_tokens=48, rank=8, alpha=16)
+    base = dict(
+        data=_data(tmp_path),
+        out=str(tmp_path / "out"),
+        steps=12,
+        batch=2,
+        lr=3e-3,
+        warmup=1,
+        save_every=3,
+        max_passage_tokens=48,
+        rank=8,
+        alpha=16,
+    )
     base.update(kw)
     return TrainConfig(**base)
 

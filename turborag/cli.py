@@ -225,9 +225,22 @@ def finetune(
         fail(f"no such file: {data}")
     if positions not in ("reordered", "composite"):
         fail(f"unknown positions {positions!r}: use reordered or composite")
-    cfg = TrainConfig(data=str(data), out=str(out), model=model, lora=lora, causal=causal, positions=positions,
-                      steps=steps, batch=batch, lr=lr or (2e-4 if lora else 2e-5), rank=rank, alpha=2 * rank,
-                      save_every=save_every, seed=seed, template=template)
+    cfg = TrainConfig(
+        data=str(data),
+        out=str(out),
+        model=model,
+        lora=lora,
+        causal=causal,
+        positions=positions,
+        steps=steps,
+        batch=batch,
+        lr=lr or (2e-4 if lora else 2e-5),
+        rank=rank,
+        alpha=2 * rank,
+        save_every=save_every,
+        seed=seed,
+        template=template,
+    )
     try:
         lm = load_model(model, device)
         dest = run(lm, cfg)
@@ -243,7 +256,9 @@ def synth_cmd(
     out: Path = typer.Option(..., "--out", help="output JSONL"),
     seed: int = typer.Option(0),
     domains: str = typer.Option(None, help="comma-separated domains for the questions (default: all)"),
-    exclude: str = typer.Option(None, help="comma-separated domains to leave out (e.g. held-out eval domains)"),
+    exclude: str = typer.Option(
+        None, help="comma-separated domains to leave out (e.g. held-out eval domains)"
+    ),
     max_contexts: int = typer.Option(None, min=1, help="vary passages per question from --contexts to this"),
 ) -> None:
     """Multi-document QA over fictional facts (only the passages can answer)."""
@@ -259,12 +274,17 @@ def synth_cmd(
             records = generate(n, contexts, seed=seed, domains=doms)
         else:  # varied passage counts: one generator call per question, each with its own seed
             rng = random.Random(seed)
-            records = [generate(1, rng.randint(contexts, max_contexts), seed=seed * 100_003 + i, domains=doms)[0]
-                       for i in range(n)]
+            records = [
+                generate(1, rng.randint(contexts, max_contexts), seed=seed * 100_003 + i, domains=doms)[0]
+                for i in range(n)
+            ]
     except ValueError as e:
         fail(f"{e} (domains: {', '.join(DOMAINS)})")
     write_jsonl(records, out)
     typer.echo(f"wrote {len(records)} questions with {contexts} passages each to {out}", err=True)
+
+
+from turborag import cli_store  # noqa: E402,F401  (registers ingest, ask, remove, cache, bench ask)
 
 
 def main() -> None:

@@ -29,8 +29,12 @@ from turborag.prompt import Prompt, PromptLayout
 from turborag.store import KVStore, cache_key
 
 MODES = ("full", "turbo", "turbo-composite", "turbo-epic", "turbo-blend")
-_POSITIONS = {"turbo": "reordered", "turbo-composite": "composite", "turbo-epic": "reordered",
-              "turbo-blend": "reordered"}
+_POSITIONS = {
+    "turbo": "reordered",
+    "turbo-composite": "composite",
+    "turbo-epic": "reordered",
+    "turbo-blend": "reordered",
+}
 
 
 class PromptTooLong(ValueError):
@@ -150,10 +154,13 @@ class Engine:
         t0 = time.perf_counter()
         prompt = self.layout.build(question, list(passages))
         self.check_length(prompt, params.max_new_tokens)
+        reserve = params.max_new_tokens + 8  # decode room in the cache buffers
         if mode == "full":
-            cache, logits, next_pos, cached, computed = self._prefill_full(prompt)
+            cache, logits, next_pos, cached, computed = self._prefill_full(prompt, reserve)
         else:
-            cache, logits, next_pos, cached, computed = self._prefill_turbo(prompt, mode)
+            cache, logits, next_pos, cached, computed = self._prefill_turbo(
+                prompt, mode, reserve + len(prompt.suffix)
+            )
 
         stream = TextStream(self.lm.tokenizer, params)
         ttft = None
@@ -181,18 +188,18 @@ class Engine:
             token_ids=list(stream.ids),
         )
 
-    def _prefill_full(self, prompt: Prompt):
+    def _prefill_full(self, prompt: Prompt, reserve: int):
         """Standard RAG: everything from scratch, positions 0..len-1."""
         dev = self.lm.device
         ids = torch.tensor([prompt.ids], device=dev)  # (1, T)
-        cache = hf_compat.new_cache()
+        cache = hf_compat.buffered_cache(self.lm.config.num_hidden_layers, reserve=reserve)
         with torch.inference_mode():
             logits = hf_compat.forward(
                 self.lm.model, ids, torch.arange(ids.shape[1], device=dev)[None], cache, logits_to_keep=1
             )
         return cache, logits[0, -1], ids.shape[1], 0, 0
 
-    def _prefill_turbo(self, prompt: Prompt, mode: str):
+    def _prefill_turbo(self, prompt: Prompt, mode: str, reserve: int):
         """Load chunk caches (computing any that are missing), assemble, [recompute], prefill the suffix."""
         positions = _POSITIONS[mode]
         dev, dtype = self.lm.device, self.lm.dtype
@@ -201,8 +208,10 @@ class Engine:
         missing = {k: ids for k, ids in zip(keys, prompt.chunks) if loaded[k] is None}
         if missing:
             loaded.update(self._compute_and_store(missing))
-        chunks = [loaded[k].to(dev, dtype) for k in keys]
-        cache, next_pos = kv.assemble(self.prefix_kv.to(dev, dtype), chunks, self.inv_freq, positions)
+        chunks = [loaded[k] for k in keys]
+        cache, next_pos = kv.assemble_into(
+            self.prefix_kv, chunks, self.inv_freq, positions, dev, dtype, reserve
+        )
         recomputed = 0
         if mode in ("turbo-epic", "turbo-blend"):
             recomputed = self._recompute(cache, prompt, positions, mode)

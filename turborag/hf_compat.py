@@ -19,15 +19,81 @@ import inspect
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 KV = tuple[torch.Tensor, torch.Tensor]  # (keys, values), each (batch, kv_heads, T, head_dim)
 
 
+class BufferedLayer(DynamicLayer):
+    """A DynamicLayer that writes new K/V into preallocated room instead of concatenating.
+
+    DynamicLayer copies the whole layer on every update (torch.cat): for an 8k-token cache that is
+    ~300 MB of copies per decoded token. Here an update is one slice write; the buffer grows (with
+    `reserve` spare tokens) only when full. Serving only: training keeps plain DynamicLayer, whose
+    concatenation autograd handles without in-place writes.
+    """
+
+    def __init__(self, reserve: int = 64):
+        super().__init__()
+        self.reserve = reserve
+        self.length = 0
+        self.k_buf: torch.Tensor | None = None  # (B, H, capacity, D)
+        self.v_buf: torch.Tensor | None = None
+
+    @classmethod
+    def wrap(cls, k_buf: torch.Tensor, v_buf: torch.Tensor, length: int, reserve: int) -> BufferedLayer:
+        """A layer over already-filled buffers whose first `length` tokens are valid."""
+        layer = cls(reserve)
+        layer.lazy_initialization(k_buf, v_buf)
+        layer.k_buf, layer.v_buf, layer.length = k_buf, v_buf, length
+        layer._views()
+        return layer
+
+    def _views(self) -> None:
+        self.keys = self.k_buf[:, :, : self.length]
+        self.values = self.v_buf[:, :, : self.length]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> KV:
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        t = key_states.shape[-2]
+        if self.k_buf is None or self.length + t > self.k_buf.shape[-2]:
+            b, h, _, d = key_states.shape
+            cap = self.length + t + self.reserve
+            k_new = key_states.new_empty(b, h, cap, d)
+            v_new = value_states.new_empty(b, h, cap, value_states.shape[-1])
+            if self.length:
+                k_new[:, :, : self.length] = self.keys
+                v_new[:, :, : self.length] = self.values
+            self.k_buf, self.v_buf = k_new, v_new
+        self.k_buf[:, :, self.length : self.length + t] = key_states
+        self.v_buf[:, :, self.length : self.length + t] = value_states
+        self.length += t
+        self._views()
+        return self.keys, self.values
+
+    def crop(self, tokens_to_remove: int) -> None:
+        self.length = max(0, self.length - abs(tokens_to_remove))
+        self._views()
+
+
 def new_cache(layers: list[KV] | None = None) -> DynamicCache:
-    """A cache holding `layers[i] = (k, v)` for every layer i (or an empty one)."""
+    """A cache holding `layers[i] = (k, v)` for every layer i (or an empty one), plain DynamicLayers."""
     cache = DynamicCache()
     for i, (k, v) in enumerate(layers or []):
         cache.update(k, v, i)
+    return cache
+
+
+def buffered_cache(
+    n_layers: int, buffers: list[KV] | None = None, length: int = 0, reserve: int = 64
+) -> DynamicCache:
+    """A serving cache of BufferedLayers: empty, or over filled buffers ((B, H, capacity, D) per layer)."""
+    cache = DynamicCache()
+    if buffers is None:
+        cache.layers = [BufferedLayer(reserve) for _ in range(n_layers)]
+    else:
+        cache.layers = [BufferedLayer.wrap(k, v, length, reserve) for k, v in buffers]
     return cache
 
 
@@ -80,6 +146,9 @@ def move_tail(cache: DynamicCache, indices: torch.Tensor, n: int) -> None:
             t = getattr(layer, name)  # (B, H, n + S, D)
             t[:, :, indices] = t[:, :, n:]
             setattr(layer, name, t[:, :, :n])
+        if isinstance(layer, BufferedLayer):
+            layer.length = n
+            layer._views()
 
 
 @contextlib.contextmanager

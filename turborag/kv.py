@@ -73,7 +73,9 @@ def prefill_prefix(model: torch.nn.Module, prefix_ids: list[int], grad: bool = F
     ids = torch.tensor([prefix_ids], device=dev)  # (1, p)
     cache = hf_compat.new_cache()
     with _grad_mode(grad):
-        hf_compat.forward(model, ids, torch.arange(len(prefix_ids), device=dev)[None], cache, logits_to_keep=1)
+        hf_compat.forward(
+            model, ids, torch.arange(len(prefix_ids), device=dev)[None], cache, logits_to_keep=1
+        )
         return _stack(hf_compat.cache_layers(cache), 0, len(prefix_ids))
 
 
@@ -153,7 +155,39 @@ def layout(lengths: Sequence[int], prefix_len: int, positions: str = "reordered"
 def assemble(
     prefix: ChunkKV, chunks: Sequence[ChunkKV], inv_freq: torch.Tensor, positions: str = "reordered"
 ) -> tuple[hf_compat.DynamicCache, int]:
-    """Prefix cache + re-positioned chunk caches -> (model cache, position of the first question token)."""
+    """Prefix cache + re-positioned chunk caches -> (model cache, position of the first question token).
+
+    Differentiable (plain concatenation): the training path. Serving uses `assemble_into`, which gives the
+    same tensors written straight into preallocated buffers.
+    """
     shifts, next_pos = layout([c.tokens for c in chunks], prefix.tokens, positions)
     parts = [prefix] + [ChunkKV(rotate_keys(c.k, d, inv_freq), c.v) for c, d in zip(chunks, shifts)]
     return to_cache(parts), next_pos
+
+
+def assemble_into(
+    prefix: ChunkKV,
+    chunks: Sequence[ChunkKV],
+    inv_freq: torch.Tensor,
+    positions: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    reserve: int,
+) -> tuple[hf_compat.DynamicCache, int]:
+    """Serving assembly: each chunk is cast, rotated and written once into per-layer buffers with `reserve`
+    spare tokens for the question and the answer, so neither assembly nor decoding copies the context again.
+    """
+    shifts, next_pos = layout([c.tokens for c in chunks], prefix.tokens, positions)
+    n = prefix.tokens + sum(c.tokens for c in chunks)
+    layers, kv_heads, _, head_dim = prefix.k.shape
+    k_buf = torch.empty(layers, 1, kv_heads, n + reserve, head_dim, device=device, dtype=dtype)
+    v_buf = torch.empty_like(k_buf)  # (L, 1, H, capacity, D)
+    start = 0
+    for part, d in [(prefix, 0)] + list(zip(chunks, shifts)):
+        end = start + part.tokens
+        k = part.k.to(device=device, dtype=dtype, non_blocking=True)  # (L, H, T, D)
+        k_buf[:, 0, :, start:end] = rotate_keys(k, d, inv_freq)
+        v_buf[:, 0, :, start:end] = part.v  # cast on copy
+        start = end
+    buffers = [(k_buf[i], v_buf[i]) for i in range(layers)]
+    return hf_compat.buffered_cache(layers, buffers, n, reserve), next_pos

@@ -94,11 +94,15 @@ def serving_logits(
     chunk_kv = kv.precompute_chunks(model, prefix_kv, chunks, batch_size=len(chunks), grad=True)
     cache, next_pos = kv.assemble(prefix_kv, chunk_kv, inv_freq, positions)
     x = torch.tensor([tail], device=dev)  # (1, S)
-    logits = hf_compat.forward(model, x, torch.arange(next_pos, next_pos + len(tail), device=dev)[None], cache)
+    logits = hf_compat.forward(
+        model, x, torch.arange(next_pos, next_pos + len(tail), device=dev)[None], cache
+    )
     return logits[0]
 
 
-def example_loss(model, inv_freq, layout: PromptLayout, ex: dict, cfg: TrainConfig) -> tuple[torch.Tensor, int]:
+def example_loss(
+    model, inv_freq, layout: PromptLayout, ex: dict, cfg: TrainConfig
+) -> tuple[torch.Tensor, int]:
     """Mean cross-entropy over the answer tokens of one example; returns (loss, answer tokens)."""
     tok = layout.tokenizer
     chunks = [layout.chunk_ids(c)[: cfg.max_passage_tokens] for c in ex["contexts"]]
@@ -146,7 +150,9 @@ def _trainable(model) -> dict[str, torch.nn.Parameter]:
     return {n: p for n, p in model.named_parameters() if p.requires_grad}
 
 
-def save_checkpoint(out: Path, step: int, model, opt: torch.optim.Optimizer, cfg: TrainConfig, losses: list) -> None:
+def save_checkpoint(
+    out: Path, step: int, model, opt: torch.optim.Optimizer, cfg: TrainConfig, losses: list
+) -> None:
     """Write ckpt-<step> fully, then point `latest` at it (atomic rename), then drop older checkpoints."""
     params = _trainable(model)
     tmp = out / f".ckpt-{step}.tmp"
@@ -206,8 +212,9 @@ def prepare_model(lm: LoadedModel, cfg: TrainConfig) -> torch.nn.Module:
         return model
     from peft import LoraConfig, get_peft_model
 
-    lcfg = LoraConfig(r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=0.0, target_modules=LORA_TARGETS,
-                      task_type="CAUSAL_LM")
+    lcfg = LoraConfig(
+        r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=0.0, target_modules=LORA_TARGETS, task_type="CAUSAL_LM"
+    )
     return get_peft_model(model, lcfg)
 
 
