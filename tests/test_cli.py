@@ -108,3 +108,28 @@ def test_bench_small(tiny_model_dir, env):
     assert all(row["full_ttft_s"] > 0 and row["turbo_ttft_s"] > 0 for row in out["rows"])
     r = runner.invoke(app, ["bench", "ttft", "--context-tokens", "a,b"])
     assert r.exit_code == 2
+
+
+def test_eval_mode_at_model_runs_other_models_in_one_table(tiny_model_dir, env):
+    data = env / "d.jsonl"
+    write_jsonl(generate(2, 2, seed=4), data)
+    other = tiny_model_dir + "/"  # the same weights under another name: a second model group
+    r = runner.invoke(
+        app,
+        [
+            "eval",
+            str(data),
+            "--model",
+            tiny_model_dir,
+            "--modes",
+            f"full,turbo@{other}",
+            "--max-new-tokens",
+            "2",
+            "--json",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert set(out["modes"]) == {"full", f"turbo@{other}"}
+    r = runner.invoke(app, ["eval", str(data), "--modes", "full,warp@x"])
+    assert r.exit_code == 2 and "unknown mode warp@x" in r.stderr

@@ -147,3 +147,19 @@ def _run_until(lm, cfg, stop_after):
             finetune(lm, cfg, progress=False)
     finally:
         train.save_checkpoint = real_save
+
+
+def test_adapter_folder_loads_as_a_model(tmp_path, tiny_model_dir):
+    """`--model OUT/adapter` (base + LoRA merged at load) serves the same model as `--model OUT/model`."""
+    from turborag.model import load_model
+
+    cfg = _cfg(tmp_path, model=tiny_model_dir, steps=3)
+    merged_dir = finetune(load_model(tiny_model_dir), cfg, progress=False)
+    a = load_model(str(merged_dir))
+    b = load_model(str(merged_dir.parent / "adapter"))
+    base = load_model(tiny_model_dir)
+    assert a.fingerprint != base.fingerprint  # a fine-tune never shares caches with its base
+    x = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        la, lb = a.model(input_ids=x).logits, b.model(input_ids=x).logits
+    assert (la - lb).abs().max().item() < 1e-4

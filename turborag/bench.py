@@ -93,3 +93,29 @@ def bench_ttft(
 
 def rows_as_dicts(rows: Sequence[TTFTRow]) -> list[dict]:
     return [asdict(r) for r in rows]
+
+
+def bench_precompute(
+    engine: Engine, batch_sizes: Sequence[int], n_chunks: int = 16, chunk_tokens: int = 256, rounds: int = 2
+) -> list[dict]:
+    """Precompute throughput (chunk tokens/s) per batch size, rounds alternating between sizes.
+
+    Chunks are computed with `kv.precompute_chunks` directly (nothing stored), so only the forward is timed.
+    """
+    from turborag import kv
+
+    chunks = [engine.layout.chunk_ids(c) for c in doc_chunks(engine, n_chunks * chunk_tokens, chunk_tokens)]
+    tokens = sum(len(c) for c in chunks)
+    kv.precompute_chunks(engine.lm.model, engine.prefix_kv, chunks[:2], batch_size=2)  # warm-up
+    times: dict[int, list[float]] = {b: [] for b in batch_sizes}
+    for _ in range(rounds):
+        for b in batch_sizes:
+            t = time.perf_counter()
+            kv.precompute_chunks(
+                engine.lm.model, engine.prefix_kv, chunks, batch_size=b, pad_id=engine.pad_id
+            )
+            times[b].append(time.perf_counter() - t)
+    return [
+        {"batch_size": b, "tokens": tokens, "tok_s": tokens / statistics.median(ts)}
+        for b, ts in times.items()
+    ]

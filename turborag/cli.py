@@ -25,6 +25,13 @@ app.add_typer(data_app, name="data")
 app.add_typer(bench_app, name="bench")
 console = Console(stderr=True)
 
+
+def stdout() -> Console:
+    """Tables on stdout; when piped (no terminal width), wide enough that columns are not cut."""
+    c = Console()
+    return c if c.is_terminal else Console(width=160)
+
+
 ModelOpt = typer.Option(DEFAULT_MODEL, "--model", help="gemma-3-270m, an HF model folder, or a .gguf file")
 DeviceOpt = typer.Option("cpu", "--device", help="cpu, cuda, cuda:N or auto")
 TemplateOpt = typer.Option(
@@ -40,10 +47,19 @@ def fail(message: str, code: int = 2) -> None:
 
 def _parse_modes(modes: str) -> list[str]:
     out = [m.strip() for m in modes.split(",") if m.strip()]
-    bad = [m for m in out if m not in MODES]
+    bad = [m for m in out if m.split("@", 1)[0] not in MODES]
     if bad or not out:
         fail(f"unknown mode {', '.join(bad) or '(none)'}: use one or more of {', '.join(MODES)}")
     return out
+
+
+def _group_by_model(mode_list: list[str], default_model: str) -> dict[str, list[str]]:
+    """`MODE` runs on --model, `MODE@MODEL` on another model: {model: [modes]} in first-seen order."""
+    groups: dict[str, list[str]] = {}
+    for m in mode_list:
+        mode, _, spec = m.partition("@")
+        groups.setdefault(spec or default_model, []).append(mode)
+    return groups
 
 
 def _engine(model: str, device: str, store: Path | None, template: str, store_dtype: str = "float16"):
@@ -72,13 +88,16 @@ def demo(
     from turborag.demo import run_demo
 
     engine = _engine(model, device, store or turborag_home() / "demo-store", template)
-    run_demo(engine, Console())
+    run_demo(engine, stdout())
 
 
 @app.command("eval")
 def eval_cmd(
     data: Path = typer.Argument(..., help="JSONL: {question, answers: [..], contexts: [..]} per line"),
-    modes: str = typer.Option("full,turbo,turbo-composite", help="comma-separated modes"),
+    modes: str = typer.Option(
+        "full,turbo,turbo-composite",
+        help="comma-separated modes; MODE@MODEL runs a mode on another model (e.g. turbo@runs/ft/model)",
+    ),
     limit: int = typer.Option(None, min=1, help="only the first N usable questions"),
     model: str = ModelOpt,
     device: str = DeviceOpt,
@@ -99,9 +118,13 @@ def eval_cmd(
         typer.echo(f"warning: skipped {data}:{p}", err=True)
     if not examples:
         fail(f"{data}: no usable question ({len(problems)} bad lines)")
-    engine = _engine(model, device, store, template)
     preds: list[dict] = []
-    results = run_eval(engine, examples, mode_list, max_new_tokens, progress=not as_json, predictions=preds)
+    results = {}
+    for spec, group in _group_by_model(mode_list, model).items():  # one model in memory at a time
+        engine = _engine(spec, device, store, template)
+        got = run_eval(engine, examples, group, max_new_tokens, progress=not as_json, predictions=preds)
+        results.update({(m if spec == model else f"{m}@{spec}"): r for m, r in got.items()})
+        del engine
     if predictions:
         predictions.write_text("".join(json.dumps(p) + "\n" for p in preds))
     if as_json:
@@ -127,8 +150,8 @@ def eval_cmd(
             f"{r.ttft_s_mean:.3f}",
             f"{r.ttft_s_p50:.3f}",
         )
-    Console().print(table)
-    Console().print(
+    stdout().print(table)
+    stdout().print(
         "TTFT includes loading and assembling chunk caches; precomputing them is offline and excluded."
     )
 
@@ -192,11 +215,45 @@ def bench_ttft_cmd(
             f"{r.full_prefill_tok_s:.0f}",
             f"{r.cache_bytes_per_token:.0f}",
         )
-    Console().print(table)
-    Console().print(
+    stdout().print(table)
+    stdout().print(
         f"KV bytes per token ({engine.store.dtype}, tensors only): {info['kv_bytes_per_token']}. "
         "Turbo TTFT includes reading caches from the store; precompute is offline."
     )
+
+
+@bench_app.command("precompute")
+def bench_precompute_cmd(
+    batch_sizes: str = typer.Option("1,2,4,8", help="comma-separated batch sizes"),
+    chunks: int = typer.Option(16, min=1, help="chunks to precompute per measurement"),
+    chunk_tokens: int = typer.Option(256, min=16),
+    model: str = ModelOpt,
+    device: str = DeviceOpt,
+    template: str = TemplateOpt,
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Precompute throughput per batch size (is batching worth it on this device?)."""
+    from turborag.bench import bench_precompute
+
+    try:
+        sizes = [int(s) for s in batch_sizes.split(",") if s.strip()]
+    except ValueError:
+        fail(f"--batch-sizes must be comma-separated integers, got {batch_sizes!r}")
+    if not sizes or min(sizes) < 1:
+        fail("--batch-sizes needs positive sizes")
+    engine = _engine(model, device, None, template)
+    rows = bench_precompute(engine, sizes, chunks, chunk_tokens)
+    if as_json:
+        typer.echo(json.dumps({"model": model, "device": str(engine.lm.device), "rows": rows}))
+        return
+    table = Table(
+        title=f"precompute throughput, {model} on {engine.lm.device}, {chunks} chunks of ~{chunk_tokens}"
+    )
+    table.add_column("batch size", justify="right")
+    table.add_column("tokens/s", justify="right")
+    for r in rows:
+        table.add_row(str(r["batch_size"]), f"{r['tok_s']:.0f}")
+    stdout().print(table)
 
 
 @app.command()

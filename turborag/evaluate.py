@@ -110,6 +110,7 @@ def run_eval(
                     {
                         "line": ex.line,
                         "mode": m,
+                        "model": engine.lm.name,
                         "answer": a.text,
                         "gold": ex.answers,
                         "correct": hit,

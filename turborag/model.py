@@ -133,12 +133,57 @@ def model_dir_for(spec: str) -> Path:
     raise ModelError(f"not a model: {spec} (a folder needs config.json; a file must end in .gguf)")
 
 
+SHIPPED_ADAPTERS = {"gemma-3-270m-turbo": "gemma-3-270m-turbo"}  # spec -> folder under turborag/data/adapters
+
+
+def adapter_dir_for(spec: str) -> Path | None:
+    """A LoRA adapter folder (written by `turborag finetune`) named by `spec`, or None."""
+    if spec in SHIPPED_ADAPTERS:
+        from importlib.resources import files
+
+        return Path(str(files("turborag").joinpath("data/adapters", SHIPPED_ADAPTERS[spec])))
+    path = Path(spec).expanduser()
+    if path.is_dir() and (path / "adapter_config.json").exists():
+        return path
+    return None
+
+
+def _load_adapter(adapter: Path, device: str, dtype: torch.dtype | None) -> LoadedModel:
+    """Base model (named in the adapter's turborag_finetune.json) + LoRA adapter, merged into the weights."""
+    from peft import PeftModel
+
+    meta_path = adapter / "turborag_finetune.json"
+    if not meta_path.exists():
+        raise ModelError(f"{adapter}: adapter without turborag_finetune.json; cannot tell its base model")
+    base_spec = json.loads(meta_path.read_text())["model"]
+    base = load_model(base_spec, device, torch.float32)
+    merged = PeftModel.from_pretrained(base.model, str(adapter)).merge_and_unload()
+    merged.to(dtype or base.dtype).eval()
+    return LoadedModel(
+        merged,
+        base.tokenizer,
+        str(adapter),
+        fingerprint(merged, base.tokenizer),
+        base.device,
+        dtype or base.dtype,
+    )
+
+
 def load_model(
     spec: str = DEFAULT_MODEL, device: str = "cpu", dtype: torch.dtype | None = None
 ) -> LoadedModel:
-    """Load model + tokenizer for inference (eval mode, no grad needed by callers)."""
+    """Load model + tokenizer for inference (eval mode, no grad needed by callers).
+
+    `spec` may also name a LoRA adapter folder (or a shipped adapter such as `gemma-3-270m-turbo`): its base
+    model is loaded and the adapter merged, so serving pays nothing for it.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    adapter = adapter_dir_for(spec)
+    if adapter is not None:
+        lm = _load_adapter(adapter, device, dtype)
+        lm.name = spec
+        return lm
     dev = resolve_device(device)
     dtype = dtype or default_dtype(dev)
     folder = model_dir_for(spec)

@@ -268,6 +268,7 @@ def export(model, lm: LoadedModel, cfg: TrainConfig, out: Path) -> Path:
     dest = out / "model"
     if cfg.lora:
         model.save_pretrained(out / "adapter")
+        (out / "adapter" / "turborag_finetune.json").write_text(json.dumps(asdict(cfg), indent=1))
         merged = model.merge_and_unload()
     else:
         merged = model
