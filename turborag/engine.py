@@ -25,6 +25,7 @@ import torch
 from turborag import hf_compat, kv, recompute
 from turborag.generate import SamplingParams, TextStream, decode, eos_ids
 from turborag.model import LoadedModel, layer_inv_freq
+from turborag.prefix_cache import PrefixCache
 from turborag.prompt import Prompt, PromptLayout
 from turborag.store import KVStore, cache_key
 
@@ -52,6 +53,7 @@ class Answer:
     completion_tokens: int
     computed_chunks: int = 0  # chunks whose cache was missing and computed inside this request
     token_ids: list[int] = field(default_factory=list)
+    finish_reason: str = "stop"  # "stop" (EOS or stop string) or "length" (max_new_tokens reached)
 
 
 def check_mode(mode: str) -> str:
@@ -71,6 +73,8 @@ class Engine:
         batch_size: int = 4,
         recompute_k: int = 16,
         recompute_ratio: float = 0.15,
+        prefix_block: int = 64,
+        prefix_cache_tokens: int = 32768,
     ):
         if recompute_k < 0 or not 0 <= recompute_ratio <= 1:
             raise ValueError("recompute_k must be >= 0 and recompute_ratio in [0, 1]")
@@ -86,6 +90,9 @@ class Engine:
         self.prefix_kv = kv.prefill_prefix(lm.model, self.prefix_ids)  # resident: shared by every request
         pad = lm.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else 0
+        self.prefix_cache = PrefixCache(
+            block_size=prefix_block, max_tokens=prefix_cache_tokens, salt=lm.fingerprint
+        )
 
     # -- keys and precompute -------------------------------------------------------------------------
 
@@ -118,12 +125,11 @@ class Engine:
 
     # -- answering -----------------------------------------------------------------------------------
 
-    def check_length(self, prompt: Prompt, max_new_tokens: int) -> None:
-        need = len(prompt.ids) + max_new_tokens
+    def check_length(self, prompt_tokens: int, max_new_tokens: int) -> None:
         limit = self.lm.max_positions
-        if need > limit:
+        if prompt_tokens + max_new_tokens > limit:
             raise PromptTooLong(
-                f"prompt of {len(prompt.ids)} tokens + {max_new_tokens} new tokens exceeds the model's "
+                f"prompt of {prompt_tokens} tokens + {max_new_tokens} new tokens exceeds the model's "
                 f"context window of {limit} tokens"
             )
 
@@ -153,7 +159,7 @@ class Engine:
         params = params or SamplingParams()
         t0 = time.perf_counter()
         prompt = self.layout.build(question, list(passages))
-        self.check_length(prompt, params.max_new_tokens)
+        self.check_length(len(prompt.ids), params.max_new_tokens)
         reserve = params.max_new_tokens + 8  # decode room in the cache buffers
         if mode == "full":
             cache, logits, next_pos, cached, computed = self._prefill_full(prompt, reserve)
@@ -162,6 +168,41 @@ class Engine:
                 prompt, mode, reserve + len(prompt.suffix)
             )
 
+        yield from self._decode(cache, logits, next_pos, params, t0, mode, len(prompt.ids), cached, computed)
+
+    def complete_stream(
+        self, prompt_ids: list[int], params: SamplingParams | None = None
+    ) -> Iterator[str | Answer]:
+        """A plain prompt (no retrieval), reusing the longest previously seen prefix (prefix_cache.py)."""
+        params = params or SamplingParams()
+        t0 = time.perf_counter()
+        if not prompt_ids:
+            raise ValueError("empty prompt")
+        self.check_length(len(prompt_ids), params.max_new_tokens)
+        dev, dtype = self.lm.device, self.lm.dtype
+        reserve = len(prompt_ids) + params.max_new_tokens + 8
+        n, hit = self.prefix_cache.match(prompt_ids[:-1])  # keep >= 1 token to prefill: it gives the logits
+        if hit is not None:
+            cache, _ = kv.assemble_into(hit, [], self.inv_freq, "reordered", dev, dtype, reserve)
+        else:
+            cache = hf_compat.buffered_cache(self.lm.config.num_hidden_layers, reserve=reserve)
+        rest = torch.tensor([prompt_ids[n:]], device=dev)  # (1, T - n)
+        with torch.inference_mode():
+            logits = hf_compat.forward(
+                self.lm.model,
+                rest,
+                torch.arange(n, len(prompt_ids), device=dev)[None],
+                cache,
+                logits_to_keep=1,
+            )
+            layers = hf_compat.cache_layers(cache)
+            self.prefix_cache.insert(prompt_ids, kv._stack(layers, 0, len(prompt_ids)))
+        yield from self._decode(
+            cache, logits[0, -1], len(prompt_ids), params, t0, "prompt", len(prompt_ids), n, 0
+        )
+
+    def _decode(self, cache, logits, next_pos, params, t0, mode, prompt_tokens, cached, computed):
+        """Decode on top of a filled cache: yield text deltas, then the Answer (TTFT = first token known)."""
         stream = TextStream(self.lm.tokenizer, params)
         ttft = None
         for tok in decode(self.lm.model, cache, logits, next_pos, params, self.stop_ids):
@@ -176,16 +217,18 @@ class Engine:
         if tail:
             yield tail
         total = time.perf_counter() - t0
+        length_cut = len(stream.ids) >= params.max_new_tokens and not stream.stopped
         yield Answer(
             text=stream.text.strip(),
             mode=mode,
             ttft_s=ttft if ttft is not None else total,
             total_s=total,
-            prompt_tokens=len(prompt.ids),
+            prompt_tokens=prompt_tokens,
             cached_tokens=cached,
             completion_tokens=len(stream.ids),
             computed_chunks=computed,
             token_ids=list(stream.ids),
+            finish_reason="length" if length_cut else "stop",
         )
 
     def _prefill_full(self, prompt: Prompt, reserve: int):
