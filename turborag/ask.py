@@ -1,9 +1,11 @@
 """`turborag ask`: question -> top-k chunks from the store's index -> the engine (turbo or full) -> answer.
 
-Retrieval is the same for every mode, so `full` and `turbo` answer from exactly the same passages (best
-first) and differ only in cache reuse. Identical chunk texts (the same paragraph in two files) are retrieved
-once. If the question plus k passages plus the answer budget does not fit the model's context window, the
-lowest-ranked passages are dropped (and reported); a question that does not fit even alone is an error.
+Retrieval is the same for every mode, so `full` and `turbo` answer from exactly the same passages (in rank
+order, best first; putting the best one last, next to the question, made no difference on the demo
+questions) and differ only in cache reuse. Identical chunk texts (the same paragraph in two files) are
+retrieved once. If the question plus k passages plus the answer budget does not fit the model's context
+window, the lowest-ranked passages are dropped (and reported); a question that does not fit even alone is an
+error.
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ def fit_passages(
     if base > limit:
         raise PromptTooLong(
             f"the question is {len(layout.suffix_ids(question))} tokens; with the instruction and "
-            f"{max_new_tokens} new tokens that is {base} tokens, more than the model's context window of {limit}"
+            f"{max_new_tokens} new tokens that is {base} tokens, more than the model's context window "
+            f"of {limit}"
         )
     kept, used = [], base
     for p in passages:

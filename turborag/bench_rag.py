@@ -75,7 +75,8 @@ def bench_ask(
         "chunks_per_s": res.computed_chunks / res.seconds if res.seconds else 0.0,
     }
     log(
-        f"ingested {res.documents} documents: {res.computed_chunks} chunks, {res.tokens} tokens, {res.seconds:.1f} s"
+        f"ingested {res.documents} documents: {res.computed_chunks} chunks, {res.tokens} tokens, "
+        f"{res.seconds:.1f} s"
     )
 
     retriever = Retriever(catalog, embedder)

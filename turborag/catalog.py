@@ -165,7 +165,8 @@ class Catalog:
     def set_meta(self, **values) -> None:
         with self.transaction():
             self.db.executemany(
-                "INSERT INTO meta(key, value) VALUES (?, ?) ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                "INSERT INTO meta(key, value) VALUES (?, ?) "
+                "ON CONFLICT(key) DO UPDATE SET value = excluded.value",
                 [(k, str(v)) for k, v in values.items()],
             )
 
@@ -267,13 +268,18 @@ class Catalog:
         Returns (new, removed): chunk ids that were not in the catalog before / old ids no longer present.
         """
         with self.transaction() as db:
-            old = {r[0] for r in db.execute(
-                "SELECT c.chunk_id FROM chunks c JOIN documents d ON c.document = d.id WHERE d.doc_id = ?",
-                (doc_id,),
-            )}  # fmt: skip
+            old = {
+                r[0]
+                for r in db.execute(
+                    "SELECT c.chunk_id FROM chunks c JOIN documents d ON c.document = d.id "
+                    "WHERE d.doc_id = ?",
+                    (doc_id,),
+                )
+            }
             db.execute("DELETE FROM documents WHERE doc_id = ?", (doc_id,))  # cascades to its chunks
             cur = db.execute(
-                "INSERT INTO documents(doc_id, path, file_hash, content_hash, ingested) VALUES (?, ?, ?, ?, ?)",
+                "INSERT INTO documents(doc_id, path, file_hash, content_hash, ingested) "
+                "VALUES (?, ?, ?, ?, ?)",
                 (doc_id, path, file_hash, content_hash, time.time()),
             )
             doc = cur.lastrowid
@@ -330,9 +336,12 @@ class Catalog:
         """Delete cache entries no chunk refers to any more; returns their keys (the caller deletes files
         after this commit, so a crash in between leaves only orphan files, never a dangling entry)."""
         with self.transaction() as db:
-            keys = [r[0] for r in db.execute(
-                "SELECT key FROM cache_entries WHERE key NOT IN (SELECT cache_key FROM chunks)"
-            )]  # fmt: skip
+            keys = [
+                r[0]
+                for r in db.execute(
+                    "SELECT key FROM cache_entries WHERE key NOT IN (SELECT cache_key FROM chunks)"
+                )
+            ]
             db.executemany("DELETE FROM cache_entries WHERE key = ?", [(k,) for k in keys])
         return keys
 

@@ -306,6 +306,56 @@ def finetune(
     typer.echo(f"fine-tuned model written to {dest} (use it with --model {dest})", err=True)
 
 
+@app.command()
+def serve(
+    store: Path = typer.Option(
+        None,
+        "--store",
+        help="store to retrieve from (default: $TURBORAG_HOME/store "
+        "if it exists; without one, chat answers without retrieval)",
+    ),
+    model: str = typer.Option(None, "--model", help="model (default: the store's model, else gemma-3-270m)"),
+    host: str = typer.Option("127.0.0.1", help="bind address (localhost unless told otherwise)"),
+    port: int = typer.Option(8000, min=1, max=65535),
+    api_key: str = typer.Option(None, envvar="TURBORAG_API_KEY", help="require 'Authorization: Bearer KEY'"),
+    device: str = DeviceOpt,
+    max_queue: int = typer.Option(64, min=1, help="requests waiting for the model before 503"),
+    max_tokens: int = typer.Option(64, min=1, help="default max_tokens of a request"),
+) -> None:
+    """OpenAI-compatible HTTP server: /v1/chat/completions (retrieval + turbo), /v1/completions, documents."""
+    import uvicorn
+
+    from turborag.server import create_app
+
+    backend = _serve_backend(store, model, device, max_tokens)
+    app = create_app(backend, api_key=api_key, max_queue=max_queue)
+    where = f"store {backend.documents.root}" if backend.documents else "no store (no retrieval)"
+    console.print(f"serving {backend.model_name} on http://{host}:{port}/v1 with {where}")
+    uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+def _serve_backend(store: Path | None, model: str | None, device: str, max_tokens: int):
+    from turborag.cli_store import default_store, load_engine, open_catalog
+    from turborag.server import Backend
+    from turborag.server_docs import StoreBackend
+
+    root = store or default_store()
+    if store is None and not (root / "catalog.sqlite").exists():
+        engine = _engine(model or DEFAULT_MODEL, device, None, "auto")
+        return Backend(engine, engine.lm.name, default_max_tokens=max_tokens)
+    catalog = open_catalog(root, create=False)
+    engine = load_engine(catalog, model, device, None)  # refuses a model the store was not built with
+    catalog.close()
+    docs = StoreBackend(root, engine)
+    return Backend(
+        engine,
+        Path(engine.lm.name).name if "/" in engine.lm.name else engine.lm.name,
+        retriever=docs,
+        documents=docs,
+        default_max_tokens=max_tokens,
+    )
+
+
 @data_app.command("synth")
 def synth_cmd(
     n: int = typer.Option(100, "--n", min=1, help="number of questions"),

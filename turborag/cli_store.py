@@ -1,8 +1,8 @@
 """The store commands of the `turborag` CLI: ingest, ask, remove, cache stats|verify|gc, bench ask.
 
-Registered on `turborag.cli.app` by the import at the bottom of cli.py. Every command is a thin shell: argument
-checks that need no model come first (a bad path fails in milliseconds with one line and exit 2), then the
-store is opened and validated, then the model is loaded and checked against the store.
+Registered on `turborag.cli.app` by the import at the bottom of cli.py. Every command is a thin shell:
+argument checks that need no model come first (a bad path fails at once with one line and exit 2), then
+the store is opened and validated, then the model is loaded and checked against the store.
 
 `--store` defaults to `$TURBORAG_HOME/store` (`~/.cache/turborag/store`). The store remembers its model,
 template, cache dtype and chunking, so `ask` needs no `--model`, and a different model is refused.
@@ -53,14 +53,18 @@ def _model_spec(spec: str) -> str:
     return str(p.resolve()) if p.exists() else spec
 
 
-def load_engine(catalog: Catalog, model: str | None, device: str, template: str | None, ingest: bool = False,
-                **settings):  # fmt: skip
+def load_engine(
+    catalog: Catalog, model: str | None, device: str, template: str | None, ingest: bool = False, **settings
+):
     """The engine for this store; with `ingest`, binds a new store to the model (and settings)."""
+    import transformers
+
     from turborag.embed import EMBEDDER
     from turborag.engine import Engine
     from turborag.model import load_model
     from turborag.store import KVStore
 
+    transformers.utils.logging.disable_progress_bar()  # "Loading weights" bars; ingest draws its own
     meta = catalog.meta()
     if not ingest and "model_fingerprint" not in meta:
         fail(f"store {catalog.root} is empty: run `turborag ingest PATH --store {catalog.root}` first")
@@ -68,8 +72,11 @@ def load_engine(catalog: Catalog, model: str | None, device: str, template: str 
     try:
         with console.status(f"loading {spec}"):
             lm = load_model(spec, device)
-        engine = Engine(lm, KVStore(catalog.root, meta.get("store_dtype", "float16")),
-                        template or meta.get("template") or "auto")  # fmt: skip
+        engine = Engine(
+            lm,
+            KVStore(catalog.root, meta.get("store_dtype", "float16")),
+            template or meta.get("template") or "auto",
+        )
         bound = dict(
             template=engine.layout.template, store_dtype=engine.store.dtype, embedder=EMBEDDER, **settings
         )
@@ -234,7 +241,7 @@ def ask(
     template: str = StoreTemplateOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    """Answer from the store: retrieve top-k chunks, reuse their caches (turbo) or prefill them (full), stream."""
+    """Answer from the store: retrieve top-k chunks, reuse their caches (turbo) or prefill them (full)."""
     from turborag.ask import Retriever, fit_passages
     from turborag.embed import Embedder
     from turborag.engine import Answer, PromptTooLong
@@ -255,8 +262,11 @@ def ask(
     except PromptTooLong as e:
         fail(str(e))
     if dropped:
-        typer.echo(f"warning: {dropped} of the top {top_k} passages do not fit the context window; "
-                   "answering from the rest", err=True)  # fmt: skip
+        typer.echo(
+            f"warning: {dropped} of the top {top_k} passages do not fit the context window; "
+            "answering from the rest",
+            err=True,
+        )
     # Base models run on after their answer ("Question: ..."): stop at the line end; chat models stop at EOS.
     params = SamplingParams(max_new_tokens=max_new_tokens, stop_at_newline=engine.layout.template == "plain")
     answer = None
@@ -267,19 +277,29 @@ def ask(
             sys.stdout.write(item)
             sys.stdout.flush()
     if answer.computed_chunks:
-        typer.echo(f"warning: {answer.computed_chunks} chunk caches were missing or damaged and were "
-                   "recomputed for this answer (`turborag cache verify` checks them all)", err=True)  # fmt: skip
+        typer.echo(
+            f"warning: {answer.computed_chunks} chunk caches were missing or damaged and were "
+            "recomputed for this answer (`turborag cache verify` checks them all)",
+            err=True,
+        )
     ids = [p.chunk_id for p in passages]
     if as_json:
-        out = {"answer": answer.text, "mode": mode, "ttft_s": round(answer.ttft_s, 4),
-               "total_s": round(answer.total_s, 4), "prompt_tokens": answer.prompt_tokens,
-               "cached_tokens": answer.cached_tokens, "chunks": ids}  # fmt: skip
+        out = {
+            "answer": answer.text,
+            "mode": mode,
+            "ttft_s": round(answer.ttft_s, 4),
+            "total_s": round(answer.total_s, 4),
+            "prompt_tokens": answer.prompt_tokens,
+            "cached_tokens": answer.cached_tokens,
+            "chunks": ids,
+        }
         typer.echo(json.dumps(out))
         return
     typer.echo("")
     typer.echo(
-        f"[{mode}] TTFT {answer.ttft_s * 1000:.0f} ms, total {answer.total_s:.2f} s, {answer.prompt_tokens} prompt "
-        f"tokens ({answer.cached_tokens} from caches); passages: " + ", ".join(_short(i) for i in ids),
+        f"[{mode}] TTFT {answer.ttft_s * 1000:.0f} ms, total {answer.total_s:.2f} s, "
+        f"{answer.prompt_tokens} prompt tokens ({answer.cached_tokens} from caches); passages: "
+        + ", ".join(_short(i) for i in ids),
         err=True,
     )
 
@@ -354,8 +374,11 @@ def cache_verify(store: Path = StoreOpt, as_json: bool = JsonOpt) -> None:
     else:
         typer.echo(f"{ok} caches ok, {len(missing)} missing, {len(damaged)} damaged (removed)", err=True)
     if missing or damaged:
-        fail(f"{len(missing) + len(damaged)} caches need recomputing: run `turborag ingest` on the same paths "
-             f"with --store {catalog.root} (or let `ask` recompute them when needed)", code=1)  # fmt: skip
+        fail(
+            f"{len(missing) + len(damaged)} caches need recomputing: run `turborag ingest` on the same paths "
+            f"with --store {catalog.root} (or let `ask` recompute them when needed)",
+            code=1,
+        )
 
 
 @cache_app.command("gc")
@@ -443,6 +466,12 @@ def bench_ask_cmd(
     for col in ("top-k", "context tokens", "full TTFT (s)", "turbo TTFT (s)", "speedup", "retrieval (ms)"):
         table.add_column(col, justify="right")
     for r in result["rows"]:
-        table.add_row(str(r["top_k"]), f"{r['context_tokens_mean']:.0f}", f"{r['full_ttft_s']:.3f}",
-                      f"{r['turbo_ttft_s']:.3f}", f"{r['speedup']:.1f}x", f"{r['retrieval_ms']:.0f}")  # fmt: skip
+        table.add_row(
+            str(r["top_k"]),
+            f"{r['context_tokens_mean']:.0f}",
+            f"{r['full_ttft_s']:.3f}",
+            f"{r['turbo_ttft_s']:.3f}",
+            f"{r['speedup']:.1f}x",
+            f"{r['retrieval_ms']:.0f}",
+        )
     Console().print(table)

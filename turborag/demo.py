@@ -23,10 +23,10 @@ from turborag.engine import Engine
 from turborag.generate import SamplingParams
 
 QUESTIONS = [
-    "Which exception does an assert statement raise when its expression is false?",
-    "Which singleton object is written with three dots?",
-    "What does the continue statement do?",
-    "Which statement declares that names refer to variables in the nearest enclosing function scope?",
+    "What does the break statement do?",
+    "How is a right shift by n bits defined?",
+    "What does an imaginary literal yield?",
+    "Is there a limit for the length of integer literals?",
 ]
 TOP_K = 3
 
@@ -42,7 +42,11 @@ def corpus_files() -> list[Path]:
 
 
 def run_demo(
-    engine: Engine, console: Console, questions: list[str] | None = None, top_k: int = TOP_K
+    engine: Engine,
+    console: Console,
+    questions: list[str] | None = None,
+    top_k: int = TOP_K,
+    corpus: list[Path] | None = None,
 ) -> list[dict]:
     from turborag.ask import Retriever, fit_passages
     from turborag.catalog import Catalog, StoreError
@@ -53,16 +57,22 @@ def run_demo(
     questions = questions or QUESTIONS
     try:
         catalog = Catalog(engine.store.root, create=True)
-        catalog.bind(engine.lm.name, engine.lm.fingerprint, template=engine.layout.template,
-                     store_dtype=engine.store.dtype, embedder=EMBEDDER, chunk_tokens=DEFAULT_CHUNK_TOKENS,
-                     chunk_overlap=DEFAULT_OVERLAP)  # fmt: skip
+        catalog.bind(
+            engine.lm.name,
+            engine.lm.fingerprint,
+            template=engine.layout.template,
+            store_dtype=engine.store.dtype,
+            embedder=EMBEDDER,
+            chunk_tokens=DEFAULT_CHUNK_TOKENS,
+            chunk_overlap=DEFAULT_OVERLAP,
+        )
     except StoreError as e:
         console.print(f"error: {e}")
         raise SystemExit(2) from e
     embedder = Embedder()
     chunker = Chunker(engine.lm.tokenizer, DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP)
     with console.status("ingesting the bundled corpus (offline step: chunk, precompute caches, embed)"):
-        res = Ingestor(engine, catalog, embedder, chunker).run(corpus_files())
+        res = Ingestor(engine, catalog, embedder, chunker).run(corpus or corpus_files())
     console.print(
         f"corpus: {res.documents} documents, {res.chunks} chunks; computed {res.computed_chunks} caches "
         f"({res.tokens} tokens) in {res.seconds:.1f} s"

@@ -1,4 +1,5 @@
-"""`turborag ingest`: files -> documents -> chunks -> KV caches + embeddings -> catalog. Incremental, resumable.
+"""`turborag ingest`: files -> documents -> chunks -> KV caches + embeddings -> catalog; incremental and
+resumable.
 
 One pass:
 1. Find the files under the given paths; read each one and compare its sha256 with the catalog. An unchanged
@@ -248,18 +249,13 @@ class Ingestor:
 
     def _commit_group(self, group: list[_Pending], res: IngestResult) -> None:
         self._precompute([(k, c.text, n) for p in group for c, k, n in zip(p.chunks, p.keys, p.sizes)], res)
-        vectors = self.embedder.encode([c.text for p in group for c in p.chunks])  # (N, 384)
-        row = 0
+        unique = list(dict.fromkeys(c.text for p in group for c in p.chunks))  # a repeated text: embed once
+        vectors = dict(zip(unique, self.embedder.encode(unique)))  # text -> (384,) float32
         for p in group:
             new = []
             for c, key in zip(p.chunks, p.keys):
-                size = _size(self.engine.store.path(key))
-                new.append(
-                    NewChunk(
-                        c.chunk_id, c.ordinal, c.text, c.tokens, c.hash, key, vectors[row].tobytes(), size
-                    )
-                )
-                row += 1
+                emb, size = vectors[c.text].tobytes(), _size(self.engine.store.path(key))
+                new.append(NewChunk(c.chunk_id, c.ordinal, c.text, c.tokens, c.hash, key, emb, size))
             added, removed = self.catalog.replace_document(
                 p.doc.doc_id, p.doc.path, p.doc.file_hash, p.doc.content_hash, new
             )

@@ -153,16 +153,46 @@ def _decode(src: SourceFile, report: LoadReport) -> str:
         return src.data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         report.warnings.append(
-            f"{src.path}: not valid UTF-8 (first bad byte at offset {e.start}); decoded with replacement characters"
+            f"{src.path}: not valid UTF-8 (first bad byte at offset {e.start}); "
+            "decoded with replacement characters"
         )
         return src.data.decode("utf-8", errors="replace")
 
 
 _BLOCKS = [
-    "address", "article", "aside", "blockquote", "caption", "dd", "div", "dl", "dt", "figcaption", "figure",
-    "footer", "h1", "h2", "h3", "h4", "h5", "h6", "header", "hr", "li", "main", "nav", "ol", "p", "pre",
-    "section", "table", "td", "th", "tr", "ul",
-]  # fmt: skip
+    "address",
+    "article",
+    "aside",
+    "blockquote",
+    "caption",
+    "dd",
+    "div",
+    "dl",
+    "dt",
+    "figcaption",
+    "figure",
+    "footer",
+    "h1",
+    "h2",
+    "h3",
+    "h4",
+    "h5",
+    "h6",
+    "header",
+    "hr",
+    "li",
+    "main",
+    "nav",
+    "ol",
+    "p",
+    "pre",
+    "section",
+    "table",
+    "td",
+    "th",
+    "tr",
+    "ul",
+]
 
 
 def html_text(html: str) -> str:

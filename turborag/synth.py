@@ -775,8 +775,8 @@ def generate(
     """Generate n QA records, each with `contexts` passages of which exactly one answers the question.
 
     Output is deterministic for a seed.  `domains` limits the domains of the questions and, when it names
-    several, of the other-domain distractors too; `answer_position` fixes where the gold passage goes, for studies of
-    position bias ("lost in the middle"), instead of a uniform random position.
+    several, of the other-domain distractors too; `answer_position` fixes where the gold passage goes, for
+    studies of position bias ("lost in the middle"), instead of a uniform random position.
     """
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")

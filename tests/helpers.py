@@ -1,0 +1,70 @@
+"""Small builders shared by the ingest/ask tests: a made-up corpus with questions, and a one-page PDF."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# A made-up town, one topic per document, so retrieval has one right answer per question.
+CORPUS = {
+    "harbour.md": "# The harbour\n\nThe harbour of Velmora opens at dawn. Fishing boats unload herring and "
+    "mackerel on the north quay. The harbour master, Odrun Pask, rings a brass bell at six.",
+    "bakery.txt": "Tilla's bakery on Salt Lane bakes rye bread with caraway seeds. Its most famous pastry is "
+    "a honey knot sold only on Fridays. The ovens are fired with beech wood.",
+    "library.md": "The Velmora library holds eleven thousand books. Its oldest item is a hand-drawn map of "
+    "the coastline from 1702. Readers may borrow four books at a time.",
+    "festival.txt": "Every autumn the town holds the Lantern Walk. Children carry paper lanterns shaped like "
+    "fish from the church to the lighthouse, and the parade ends with a bonfire on the beach.",
+    "school.md": "The village school teaches forty pupils in two classrooms. Lessons start at half past "
+    "eight, and every pupil learns to swim in the sea before the age of ten.",
+    "railway.txt": "A narrow-gauge railway links Velmora to the market town of Greby. The steam engine is "
+    "called Old Moll and makes the trip three times a day in forty minutes.",
+    "lighthouse.md": "The lighthouse on Gull Point is painted red and white. Its lamp can be seen from "
+    "twenty-two nautical miles away, and the keeper climbs 131 steps to reach it.",
+    "football.txt": "The Velmora Rovers football club plays in green shirts. The club won the county cup "
+    "in 1987, beating Greby two goals to one in the final.",
+    "market.md": "The Saturday market fills the square with stalls of cheese, wool and smoked fish. "
+    "Farmers from the hills sell goat cheese wrapped in nettle leaves.",
+    "weather.txt": "Winters in Velmora are mild but windy. Storms from the west arrive mostly in "
+    "November, and snow falls on fewer than five days a year.",
+}
+QUESTIONS = [  # (question, file holding the answer)
+    ("Who rings the bell at the harbour?", "harbour.md"),
+    ("Which pastry is sold only on Fridays?", "bakery.txt"),
+    ("How many books can a reader borrow at once?", "library.md"),
+    ("What shape are the children's lanterns in the autumn parade?", "festival.txt"),
+    ("At what age do pupils learn to swim?", "school.md"),
+    ("What is the name of the steam engine?", "railway.txt"),
+    ("How many steps does the lighthouse keeper climb?", "lighthouse.md"),
+    ("When did the football club win the county cup?", "football.txt"),
+    ("What is the goat cheese wrapped in?", "market.md"),
+    ("In which month do storms usually arrive?", "weather.txt"),
+]
+
+
+def write_corpus(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, text in CORPUS.items():
+        (folder / name).write_text(text + "\n", encoding="utf-8")
+    return folder
+
+
+def one_page_pdf(lines: list[str]) -> bytes:
+    """A minimal valid PDF with the lines in Helvetica (built by hand: no PDF writer dependency)."""
+    content = "BT /F1 12 Tf 72 720 Td 14 TL " + " ".join(f"({t}) '" for t in lines) + " ET"
+    objs = [
+        "<< /Type /Catalog /Pages 2 0 R >>",
+        "<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+        "/Resources << /Font << /F1 5 0 R >> >> >>",
+        f"<< /Length {len(content)} >>\nstream\n{content}\nendstream",
+        "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+    ]
+    out, offsets = b"%PDF-1.4\n", []
+    for i, obj in enumerate(objs, 1):
+        offsets.append(len(out))
+        out += f"{i} 0 obj\n{obj}\nendobj\n".encode()
+    xref = len(out)
+    out += f"xref\n0 {len(objs) + 1}\n0000000000 65535 f \n".encode()
+    out += b"".join(f"{o:010d} 00000 n \n".encode() for o in offsets)
+    out += f"trailer\n<< /Size {len(objs) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
+    return out
