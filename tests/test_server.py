@@ -317,3 +317,34 @@ def test_worker_queue_is_bounded():
         gate.set()
 
     asyncio.run(main())
+
+
+def test_bench_serve_small(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("TURBORAG_HOME", str(tmp_path))
+    r = CliRunner().invoke(
+        app,
+        [
+            "bench",
+            "serve",
+            "--model",
+            tiny_model_dir,
+            "--clients",
+            "4",
+            "--rounds",
+            "1",
+            "--steps",
+            "3",
+            "--system-tokens",
+            "200",
+            "--json",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert (
+        out["load"]["requests"] == 4 and out["load"]["errors"] == 0 and out["load"]["queue_depth_after"] == 0
+    )
+    rows = out["agent"]["rows"]
+    reuse = [x["cached_tokens"] for x in rows if x["reuse"]]
+    assert reuse[0] == 0 and all(c >= 192 for c in reuse[1:])  # the system prompt's blocks are reused
+    assert all(x["cached_tokens"] == 0 for x in rows if not x["reuse"])

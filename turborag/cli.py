@@ -256,6 +256,64 @@ def bench_precompute_cmd(
     stdout().print(table)
 
 
+@bench_app.command("serve")
+def bench_serve_cmd(
+    clients: int = typer.Option(32, min=1, max=256, help="concurrent streaming clients (load test)"),
+    rounds: int = typer.Option(2, min=1, max=20, help="requests per client"),
+    steps: int = typer.Option(10, min=1, max=50, help="agent conversation steps"),
+    system_tokens: int = typer.Option(1000, min=16, help="agent system prompt tokens"),
+    model: str = ModelOpt,
+    device: str = DeviceOpt,
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """HTTP server under concurrent streaming load, and prompt caching on an agent-style conversation."""
+    from turborag.bench_server import bench_agent, bench_load
+
+    backend = _serve_backend(None, model, device, 8, use_store=False)
+    load = bench_load(backend, clients, rounds)
+    agent = bench_agent(backend, steps, system_tokens)
+    if as_json:
+        typer.echo(json.dumps({"model": model, "device": device, "load": load, "agent": agent}))
+        return
+    t = Table(title=f"load: {clients} concurrent streaming clients x {rounds}, {model} on {device}")
+    for col in (
+        "requests",
+        "errors",
+        "requests/s",
+        "tokens/s",
+        "TTFT p50 (s)",
+        "TTFT p99 (s)",
+        "queue after",
+    ):
+        t.add_column(col, justify="right")
+    t.add_row(
+        str(load["requests"]),
+        str(load["errors"]),
+        f"{load['requests_per_s']:.2f}",
+        f"{load['tokens_per_s']:.1f}",
+        f"{load['ttft_p50_s']:.3f}",
+        f"{load['ttft_p99_s']:.3f}",
+        str(load["queue_depth_after"]),
+    )
+    stdout().print(t)
+    t = Table(
+        title=f"agent: {steps} steps, {system_tokens}-token system prompt, TTFT with/without prompt caching"
+    )
+    for col in ("step", "TTFT reuse (s)", "cached tokens", "TTFT no reuse (s)", "speedup"):
+        t.add_column(col, justify="right")
+    on = [r for r in agent["rows"] if r["reuse"]]
+    off = [r for r in agent["rows"] if not r["reuse"]]
+    for a, b in zip(on, off):
+        t.add_row(
+            str(a["step"]),
+            f"{a['ttft_s']:.3f}",
+            str(a["cached_tokens"]),
+            f"{b['ttft_s']:.3f}",
+            f"{b['ttft_s'] / a['ttft_s']:.1f}x",
+        )
+    stdout().print(t)
+
+
 @app.command()
 def finetune(
     data: Path = typer.Option(..., "--data", help="training JSONL: {question, answers, contexts} per line"),
@@ -334,13 +392,15 @@ def serve(
     uvicorn.run(app, host=host, port=port, log_level="warning")
 
 
-def _serve_backend(store: Path | None, model: str | None, device: str, max_tokens: int):
+def _serve_backend(
+    store: Path | None, model: str | None, device: str, max_tokens: int, use_store: bool = True
+):
     from turborag.cli_store import default_store, load_engine, open_catalog
     from turborag.server import Backend
     from turborag.server_docs import StoreBackend
 
     root = store or default_store()
-    if store is None and not (root / "catalog.sqlite").exists():
+    if not use_store or (store is None and not (root / "catalog.sqlite").exists()):
         engine = _engine(model or DEFAULT_MODEL, device, None, "auto")
         return Backend(engine, engine.lm.name, default_max_tokens=max_tokens)
     catalog = open_catalog(root, create=False)

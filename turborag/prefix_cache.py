@@ -53,6 +53,10 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._blocks)
 
+    def clear(self) -> None:
+        with self._lock:
+            self._blocks.clear()
+
     def match(self, ids: Sequence[int]) -> tuple[int, ChunkKV | None]:
         """Longest cached prefix of `ids` in whole blocks: (tokens, K/V (L, H, tokens, D)) or (0, None)."""
         parts = []
