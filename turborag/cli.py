@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from turborag.engine import MODES
-from turborag.model import DEFAULT_MODEL, ModelError, turborag_home
+from turborag.model import BASE_MODEL, DEFAULT_MODEL, ModelError, turborag_home
 
 app = typer.Typer(
     help="TurboRAG: RAG answers that start fast, from precomputed chunk KV caches.",
@@ -32,7 +32,11 @@ def stdout() -> Console:
     return c if c.is_terminal else Console(width=160)
 
 
-ModelOpt = typer.Option(DEFAULT_MODEL, "--model", help="gemma-3-270m, an HF model folder, or a .gguf file")
+ModelOpt = typer.Option(
+    DEFAULT_MODEL,
+    "--model",
+    help="gemma-3-270m-turbo, gemma-3-270m (base), an HF model or adapter folder, a .gguf",
+)
 DeviceOpt = typer.Option("cpu", "--device", help="cpu, cuda, cuda:N or auto")
 TemplateOpt = typer.Option(
     "auto", "--template", help="prompt template: auto (chat if the model has one), plain, chat"
@@ -318,7 +322,7 @@ def bench_serve_cmd(
 def finetune(
     data: Path = typer.Option(..., "--data", help="training JSONL: {question, answers, contexts} per line"),
     out: Path = typer.Option(..., "--out", help="output folder (checkpoints, adapter, merged model)"),
-    model: str = ModelOpt,
+    model: str = typer.Option(BASE_MODEL, "--model", help="model to start from (default: the base model)"),
     lora: bool = typer.Option(True, "--lora/--full", help="LoRA adapter (default) or full fine-tuning"),
     causal: bool = typer.Option(False, "--causal", help="ordinary causal mask (the naive-RAG baseline)"),
     positions: str = typer.Option("reordered", help="reordered or composite (turbo training only)"),

@@ -110,7 +110,11 @@ class Engine:
         self._compute_and_store(todo, on_batch)
         return len(todo), sum(len(v) for v in todo.values())
 
-    def _compute_and_store(self, todo: dict[str, list[int]], on_batch=None) -> dict[str, kv.ChunkKV]:
+    def _compute_and_store(
+        self, todo: dict[str, list[int]], on_batch=None, keep: bool = False
+    ) -> dict[str, kv.ChunkKV]:
+        """Compute and store caches; with `keep`, also return them (in the store's dtype, exactly as they
+        would be read back), otherwise nothing is held in memory beyond one group."""
         keys = list(todo)
         out = {}
         for s in range(0, len(keys), self.batch_size * 8):  # store as we go: a crash loses little
@@ -120,7 +124,8 @@ class Engine:
             )
             for k, c in zip(part, caches):
                 self.store.put(k, c)
-                out[k] = c
+                if keep:
+                    out[k] = kv.ChunkKV(c.k.to(self.store.torch_dtype), c.v.to(self.store.torch_dtype))
         return out
 
     # -- answering -----------------------------------------------------------------------------------
@@ -250,7 +255,7 @@ class Engine:
         loaded = {k: self.store.get(k) for k in dict.fromkeys(keys)}
         missing = {k: ids for k, ids in zip(keys, prompt.chunks) if loaded[k] is None}
         if missing:
-            loaded.update(self._compute_and_store(missing))
+            loaded.update(self._compute_and_store(missing, keep=True))
         chunks = [loaded[k] for k in keys]
         cache, next_pos = kv.assemble_into(
             self.prefix_kv, chunks, self.inv_freq, positions, dev, dtype, reserve

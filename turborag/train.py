@@ -45,7 +45,7 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 class TrainConfig:
     data: str
     out: str
-    model: str = "gemma-3-270m"
+    model: str = "gemma-3-270m"  # fine-tunes start from the base model
     lora: bool = True
     causal: bool = False
     positions: str = "reordered"
