@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -11,45 +10,15 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
-import uvicorn
 from helpers import write_corpus
 from typer.testing import CliRunner
 
+from turborag.bench_server import ServedApp
 from turborag.cli import _serve_backend, app
 from turborag.server import create_app
 from turborag.worker import ModelWorker, QueueFull
 
 KEY = "sk-test"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, app):
-        self.port = _free_port()
-        self.app = app
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def __enter__(self):
-        self.thread.start()
-        deadline = time.time() + 30
-        while not self.server.started:
-            assert time.time() < deadline, "server did not start"
-            time.sleep(0.05)
-        return self
-
-    def __exit__(self, *exc):
-        self.server.should_exit = True
-        self.thread.join(10)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +34,7 @@ def served(tmp_path_factory, tiny_model_dir):
     assert r.exit_code == 0, r.output
     backend = _serve_backend(store, None, "cpu", 8)
     the_app = create_app(backend, api_key=KEY, max_queue=64, max_body_bytes=200_000)
-    with Server(the_app) as srv:
+    with ServedApp(the_app) as srv:
         srv.backend = backend
         srv.client = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0, timeout=60)
         yield srv

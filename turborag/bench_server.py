@@ -24,7 +24,7 @@ from turborag.bench import doc_text
 from turborag.server import Backend, create_app
 
 
-class _Served:
+class ServedApp:
     """uvicorn in a thread on a free loopback port."""
 
     def __init__(self, app):
@@ -48,6 +48,10 @@ class _Served:
     def __exit__(self, *exc):
         self.server.should_exit = True
         self.thread.join(30)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
 
     def client(self, timeout: float = 600):
         import openai
@@ -79,7 +83,7 @@ def bench_load(
     text = doc_text()
     contexts = [text[i * 600 : (i + 1) * 600] for i in range(passages)]
     app = create_app(backend, max_queue=max(64, clients * 2))
-    with _Served(app) as srv:
+    with ServedApp(app) as srv:
         client = srv.client()
         backend.engine.precompute(contexts)  # offline step, as ingest would do
         _stream_ttft(
@@ -139,7 +143,7 @@ def bench_agent(backend: Backend, steps: int = 10, system_tokens: int = 1000, ma
         engine.prefix_cache.clear()
         engine.prefix_cache.max_blocks = saved if reuse else 0  # 0 = nothing is kept: every step from scratch
         try:
-            with _Served(create_app(backend)) as srv:
+            with ServedApp(create_app(backend)) as srv:
                 client = srv.client()
                 msgs = [{"role": "system", "content": system}]
                 for step in range(steps):

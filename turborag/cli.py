@@ -49,6 +49,17 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def int_list(value: str, option: str) -> list[int]:
+    """'512,2048' -> [512, 2048]; anything else is one clear error line."""
+    try:
+        out = [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        out = []
+    if not out or min(out) < 1:
+        fail(f"{option} must be comma-separated positive integers, got {value!r}")
+    return out
+
+
 def _parse_modes(modes: str) -> list[str]:
     out = [m.strip() for m in modes.split(",") if m.strip()]
     bad = [m for m in out if m.split("@", 1)[0] not in MODES]
@@ -175,12 +186,7 @@ def bench_ttft_cmd(
     from turborag.bench import bench_ttft, rows_as_dicts
     from turborag.model import bytes_per_token
 
-    try:
-        sizes = [int(s) for s in context_tokens.split(",") if s.strip()]
-    except ValueError:
-        fail(f"--context-tokens must be comma-separated integers, got {context_tokens!r}")
-    if not sizes or min(sizes) < 1:
-        fail("--context-tokens needs positive sizes")
+    sizes = int_list(context_tokens, "--context-tokens")
     engine = _engine(model, device, store or turborag_home() / "bench-store", template)
     if max(sizes) + 512 > engine.lm.max_positions:
         fail(f"context of {max(sizes)} tokens does not fit the model's window of {engine.lm.max_positions}")
@@ -239,12 +245,7 @@ def bench_precompute_cmd(
     """Precompute throughput per batch size (is batching worth it on this device?)."""
     from turborag.bench import bench_precompute
 
-    try:
-        sizes = [int(s) for s in batch_sizes.split(",") if s.strip()]
-    except ValueError:
-        fail(f"--batch-sizes must be comma-separated integers, got {batch_sizes!r}")
-    if not sizes or min(sizes) < 1:
-        fail("--batch-sizes needs positive sizes")
+    sizes = int_list(batch_sizes, "--batch-sizes")
     engine = _engine(model, device, None, template)
     rows = bench_precompute(engine, sizes, chunks, chunk_tokens)
     if as_json:

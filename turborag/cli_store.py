@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from turborag.catalog import Catalog, StoreError
-from turborag.cli import DeviceOpt, app, bench_app, console, fail
+from turborag.cli import DeviceOpt, app, bench_app, console, fail, int_list
 from turborag.engine import MODES
 from turborag.model import DEFAULT_MODEL, ModelError, turborag_home
 
@@ -432,12 +432,7 @@ def bench_ask_cmd(
     """Ingest throughput, then `ask` TTFT full vs turbo per top-k, measured side by side in one run."""
     from turborag.bench_rag import bench_ask, write_corpus
 
-    try:
-        ks = sorted({int(k) for k in top_k.split(",") if k.strip()})
-    except ValueError:
-        fail(f"--top-k must be comma-separated integers, got {top_k!r}")
-    if not ks or ks[0] < 1:
-        fail("--top-k needs positive values")
+    ks = sorted(set(int_list(top_k, "--top-k")))
     if corpus is not None and not corpus.exists():
         fail(f"no such file or folder: {corpus}")
     root = store or turborag_home() / "bench-ask-store"
