@@ -89,3 +89,26 @@ def test_engine_modes_report_recomputed_tokens(gemma_lm, tmp_path):
     assert blend.cached_tokens < turbo.cached_tokens
     k0 = Engine(gemma_lm, KVStore(tmp_path), recompute_k=0)
     assert k0.answer(Q, PASSAGES, "turbo-epic", params).token_ids == turbo.token_ids
+
+
+def test_recompute_modes_with_one_kv_head(tmp_path):
+    """Gemma 3 270M has one KV head: the in-place move of recomputed K/V must not trip over shared storage
+    (this failed on the real model before the copy in hf_compat.move_tail)."""
+    from conftest import COMMON, char_tokenizer
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from turborag.model import LoadedModel, fingerprint
+
+    torch.manual_seed(0)
+    cfg = Gemma3TextConfig(
+        **{**COMMON, "num_key_value_heads": 1},
+        head_dim=16,
+        sliding_window=16,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+    )
+    model, tok = Gemma3ForCausalLM(cfg).eval(), char_tokenizer()
+    lm = LoadedModel(model, tok, "tiny-1kv", fingerprint(model, tok), torch.device("cpu"), torch.float32)
+    engine = Engine(lm, KVStore(tmp_path), recompute_k=4, recompute_ratio=0.2)
+    for mode in ("turbo-epic", "turbo-blend"):
+        a = engine.answer(Q, PASSAGES, mode, SamplingParams(max_new_tokens=3))
+        assert a.completion_tokens >= 1 and a.cached_tokens < a.prompt_tokens

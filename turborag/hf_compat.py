@@ -144,7 +144,7 @@ def move_tail(cache: DynamicCache, indices: torch.Tensor, n: int) -> None:
     for layer in cache.layers:
         for name in ("keys", "values"):
             t = getattr(layer, name)  # (B, H, n + S, D)
-            t[:, :, indices] = t[:, :, n:]
+            t[:, :, indices] = t[:, :, n:].clone()  # same storage: copy first (no overlapping write)
             setattr(layer, name, t[:, :, :n])
         if isinstance(layer, BufferedLayer):
             layer.length = n
