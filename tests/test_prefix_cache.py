@@ -6,7 +6,6 @@ import torch
 
 from turborag.engine import Engine
 from turborag.generate import SamplingParams
-from turborag.kv import ChunkKV
 from turborag.prefix_cache import PrefixCache, block_keys
 from turborag.store import KVStore
 
@@ -44,7 +43,8 @@ def test_identical_prompt_keeps_one_token_to_prefill(gemma_lm, tmp_path):
 
 
 def _kv(tokens, fill=0.0):
-    return ChunkKV(torch.full((2, 1, tokens, 4), fill), torch.full((2, 1, tokens, 4), fill))
+    """Model-cache layout: per layer (k, v), each (batch 1, heads 1, tokens, 4)."""
+    return [(torch.full((1, 1, tokens, 4), fill), torch.full((1, 1, tokens, 4), fill)) for _ in range(2)]
 
 
 def test_lru_bound_and_chaining():

@@ -200,8 +200,7 @@ class Engine:
                 cache,
                 logits_to_keep=1,
             )
-            layers = hf_compat.cache_layers(cache)
-            self.prefix_cache.insert(prompt_ids, kv._stack(layers, 0, len(prompt_ids)))
+            self.prefix_cache.insert(prompt_ids, hf_compat.cache_layers(cache))
         yield from self._decode(
             cache, logits[0, -1], len(prompt_ids), params, t0, "prompt", len(prompt_ids), n, 0
         )

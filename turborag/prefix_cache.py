@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
-from turborag.kv import ChunkKV
+from turborag.kv import ChunkKV, _stack
 
 
 def block_keys(ids: Sequence[int], block_size: int, salt: str = "") -> list[str]:
@@ -74,9 +74,9 @@ class PrefixCache:
         self.hits += n
         return n, ChunkKV(torch.cat([p.k for p in parts], dim=2), torch.cat([p.v for p in parts], dim=2))
 
-    def insert(self, ids: Sequence[int], kv: ChunkKV) -> int:
-        """Store every full block of `ids` whose K/V is in `kv` (L, H, >= len(ids) rounded down, D).
-        Returns the number of new blocks."""
+    def insert(self, ids: Sequence[int], layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> int:
+        """Store every full block of `ids` not cached yet, slicing it from the model cache's per-layer
+        (k, v), each (1, H, >= len(ids), D). Only new blocks are copied. Returns their number."""
         new = 0
         with self._lock:
             for i, key in enumerate(block_keys(ids, self.block_size, self.salt)):
@@ -84,7 +84,7 @@ class PrefixCache:
                     self._blocks.move_to_end(key)
                     continue
                 s, e = i * self.block_size, (i + 1) * self.block_size
-                self._blocks[key] = ChunkKV(kv.k[:, :, s:e].clone(), kv.v[:, :, s:e].clone())
+                self._blocks[key] = _stack(layers, s, e)  # (L, H, block, D), a copy
                 new += 1
             while len(self._blocks) > self.max_blocks:
                 self._blocks.popitem(last=False)
