@@ -51,11 +51,11 @@ def main() -> None:
     import numpy as np
     from transformers import AutoTokenizer
 
-    from turborag.chunker import Chunker
-    from turborag.embed import Embedder, VectorIndex
-    from turborag.engine import Engine
-    from turborag.model import default_model_dir, load_model
-    from turborag.store import KVStore
+    from turborag.rag.chunker import Chunker
+    from turborag.rag.embed import Embedder, VectorIndex
+    from turborag.core.engine import Engine
+    from turborag.core.model import default_model_dir, load_model
+    from turborag.store.kv_store import KVStore
 
     tok = AutoTokenizer.from_pretrained(str(default_model_dir()))
     lm = load_model() if "--no-precompute" not in sys.argv else None

@@ -17,7 +17,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from turborag.model import LoadedModel, fingerprint
+from turborag.core.model import LoadedModel, fingerprint
 
 SPECIALS = ["<pad>", "<bos>", "<eos>", "<unk>"]
 CHARS = list(string.printable)

@@ -1,0 +1,135 @@
+"""The command line on a tiny model folder: eval JSON shape, bad input, clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from turborag.cli import app
+from turborag.core.engine import MODES
+from turborag.train.synth import generate, write_jsonl
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    monkeypatch.setenv("TURBORAG_HOME", str(tmp_path / "home"))
+    return tmp_path
+
+
+def test_eval_json_reports_every_mode(tiny_model_dir, env):
+    data = env / "d.jsonl"
+    write_jsonl(generate(3, 2, seed=3), data)
+    with open(data, "a") as f:  # bad lines are reported with their number and skipped
+        f.write('{"answers": ["x"], "contexts": ["y"]}\n')
+        f.write('{"question": "q", "answers": ["x"], "contexts": []}\n')
+        f.write("not json\n")
+    r = runner.invoke(app, ["eval", str(data), "--model", tiny_model_dir, "--json", "--max-new-tokens", "4"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert set(out["modes"]) == {"full", "turbo", "turbo-composite"}
+    for m in out["modes"].values():
+        assert m["n"] == 3
+        assert set(m) == {"n", "accuracy", "exact_match", "ttft_s_mean", "ttft_s_p50"}
+        assert 0 <= m["accuracy"] <= 1 and m["ttft_s_p50"] > 0
+    assert out["model"] == tiny_model_dir and out["skipped_lines"] == 3
+    assert "line 4: missing or empty 'question'" in r.stderr
+    assert "line 5: 'contexts' must be a non-empty list" in r.stderr
+    assert "line 6: not valid JSON" in r.stderr
+
+
+def test_unknown_mode_is_one_line(env):
+    data = env / "d.jsonl"
+    write_jsonl(generate(1, 1), data)
+    r = runner.invoke(app, ["eval", str(data), "--modes", "full,warp"])
+    assert r.exit_code == 2
+    assert r.stderr.strip().splitlines() == [
+        f"error: unknown mode warp: use one or more of {', '.join(MODES)}"
+    ]
+
+
+def test_all_bad_lines_fail(env):
+    data = env / "d.jsonl"
+    data.write_text('{"question": "q"}\n')
+    r = runner.invoke(app, ["eval", str(data)])
+    assert r.exit_code == 2 and "no usable question" in r.stderr
+
+
+def test_missing_model_exits_nonzero_without_traceback(env):
+    data = env / "d.jsonl"
+    write_jsonl(generate(1, 1), data)
+    r = subprocess.run(
+        [sys.executable, "-m", "turborag", "eval", str(data), "--model", str(env / "nope")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TURBORAG_HOME": str(env / "home")},
+    )
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1].startswith("error: model not found:")
+
+
+def test_synth_command(env):
+    out = env / "s.jsonl"
+    r = runner.invoke(app, ["data", "synth", "--n", "4", "--contexts", "3", "--out", str(out)])
+    assert r.exit_code == 0
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert len(rows) == 4 and all(len(x["contexts"]) == 3 for x in rows)
+    r = runner.invoke(app, ["data", "synth", "--n", "4", "--out", str(out), "--domains", "nope"])
+    assert r.exit_code == 2 and "error:" in r.stderr
+
+
+def test_bench_small(tiny_model_dir, env):
+    r = runner.invoke(
+        app,
+        [
+            "bench",
+            "ttft",
+            "--model",
+            tiny_model_dir,
+            "--context-tokens",
+            "64,128",
+            "--repeats",
+            "1",
+            "--chunk-tokens",
+            "32",
+            "--json",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert [row["context_tokens"] for row in out["rows"]] == [64, 128]
+    assert all(row["full_ttft_s"] > 0 and row["turbo_ttft_s"] > 0 for row in out["rows"])
+    r = runner.invoke(app, ["bench", "ttft", "--context-tokens", "a,b"])
+    assert r.exit_code == 2
+
+
+def test_eval_mode_at_model_runs_other_models_in_one_table(tiny_model_dir, env):
+    data = env / "d.jsonl"
+    write_jsonl(generate(2, 2, seed=4), data)
+    other = tiny_model_dir + "/"  # the same weights under another name: a second model group
+    r = runner.invoke(
+        app,
+        [
+            "eval",
+            str(data),
+            "--model",
+            tiny_model_dir,
+            "--modes",
+            f"full,turbo@{other}",
+            "--max-new-tokens",
+            "2",
+            "--json",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert set(out["modes"]) == {"full", f"turbo@{other}"}
+    r = runner.invoke(app, ["eval", str(data), "--modes", "full,warp@x"])
+    assert r.exit_code == 2 and "unknown mode warp@x" in r.stderr

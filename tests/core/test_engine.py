@@ -1,0 +1,108 @@
+"""The engine end to end on tiny models: modes agree where they must, stores are used, inputs are checked."""
+
+from __future__ import annotations
+
+import pytest
+
+from turborag.core.engine import MODES, Answer, Engine, PromptTooLong
+from turborag.core.generate import SamplingParams
+from turborag.store.kv_store import KVStore
+
+PASSAGES = [
+    "Veltrano Dynamics was founded in 1911 by Ismena Throll in the city of Quorvik.",
+    "The river Sallow runs through Brem, a town known for its blue bridges.",
+    "Cobalt Orchard is a band from Tarsk whose first album came out in 1987.",
+]
+Q = "Who founded Veltrano?"
+
+
+def test_one_chunk_generation_same_in_full_and_turbo(tiny_lm, tmp_path):
+    engine = Engine(tiny_lm, KVStore(tmp_path, dtype="float32"))
+    params = SamplingParams(max_new_tokens=12)
+    for passage in PASSAGES:
+        full = engine.answer(Q, [passage], "full", params)
+        turbo = engine.answer(Q, [passage], "turbo", params)
+        comp = engine.answer(Q, [passage], "turbo-composite", params)
+        assert len(full.token_ids) > 0
+        assert full.token_ids == turbo.token_ids == comp.token_ids
+
+
+def test_cached_tokens_and_store_use(gemma_lm, tmp_path):
+    store = KVStore(tmp_path)
+    engine = Engine(gemma_lm, store)
+    computed, tokens = engine.precompute(PASSAGES)
+    assert computed == 3 and tokens > 0
+    assert engine.precompute(PASSAGES) == (0, 0)  # content-addressed: nothing to redo
+    params = SamplingParams(max_new_tokens=4)
+    full = engine.answer(Q, PASSAGES, "full", params)
+    turbo = engine.answer(Q, PASSAGES, "turbo", params)
+    assert full.cached_tokens == 0
+    assert turbo.cached_tokens == len(engine.prefix_ids) + tokens
+    assert turbo.prompt_tokens == full.prompt_tokens == turbo.cached_tokens + len(engine.layout.suffix_ids(Q))
+    assert turbo.computed_chunks == 0 and store.hits >= 3
+
+
+def test_missing_cache_is_computed_on_the_fly(gemma_lm, tmp_path):
+    engine = Engine(gemma_lm, KVStore(tmp_path))
+    a = engine.answer(Q, PASSAGES, "turbo", SamplingParams(max_new_tokens=2))
+    assert a.computed_chunks == 3
+    b = engine.answer(Q, PASSAGES, "turbo", SamplingParams(max_new_tokens=2))
+    assert b.computed_chunks == 0 and b.token_ids == a.token_ids
+
+
+def test_fp16_store_close_to_fp32(gemma_lm, tmp_path):
+    """Storing caches in fp16 changes the next-token logits only slightly."""
+    import torch
+
+    from turborag.core import hf_compat, kv
+
+    engine32 = Engine(gemma_lm, KVStore(tmp_path / "a", dtype="float32"))
+    engine16 = Engine(gemma_lm, KVStore(tmp_path / "b", dtype="float16"))
+    outs = []
+    for engine in (engine32, engine16):
+        prompt = engine.layout.build(Q, PASSAGES)
+        engine.precompute(PASSAGES)
+        chunks = [engine.store.get(engine.key(c)).to("cpu", torch.float32) for c in prompt.chunks]
+        cache, pos = kv.assemble(engine.prefix_kv, chunks, engine.inv_freq)
+        suffix = torch.tensor([prompt.suffix])
+        with torch.no_grad():
+            outs.append(
+                hf_compat.forward(
+                    gemma_lm.model, suffix, torch.arange(pos, pos + suffix.shape[1])[None], cache
+                )
+            )
+    diff = (outs[0] - outs[1]).abs().max().item()
+    assert 0 < diff < 1e-2
+
+
+def test_streaming_yields_text_then_answer(gemma_lm, tmp_path):
+    engine = Engine(gemma_lm, KVStore(tmp_path))
+    items = list(engine.stream(Q, PASSAGES, "turbo", SamplingParams(max_new_tokens=8)))
+    assert isinstance(items[-1], Answer)
+    assert all(isinstance(x, str) for x in items[:-1])
+    assert "".join(items[:-1]).strip() == items[-1].text
+    assert items[-1].ttft_s <= items[-1].total_s
+
+
+def test_bad_mode_and_too_long_prompt(gemma_lm, tmp_path):
+    engine = Engine(gemma_lm, KVStore(tmp_path))
+    with pytest.raises(ValueError, match="unknown mode"):
+        engine.answer(Q, PASSAGES, "warp", SamplingParams(max_new_tokens=1))
+    gemma_lm.model.config.max_position_embeddings = 64
+    with pytest.raises(PromptTooLong, match="context window of 64"):
+        engine.answer(Q, PASSAGES, "full", SamplingParams(max_new_tokens=1))
+
+
+def test_sampling_is_seeded(gemma_lm, tmp_path):
+    engine = Engine(gemma_lm, KVStore(tmp_path))
+    p = SamplingParams(max_new_tokens=10, temperature=1.5, top_p=0.9, top_k=50, seed=7)
+    a = engine.answer(Q, PASSAGES, "turbo", p)
+    b = engine.answer(Q, PASSAGES, "turbo", p)
+    c = engine.answer(Q, PASSAGES, "turbo", SamplingParams(max_new_tokens=10, temperature=1.5, seed=8))
+    assert a.token_ids == b.token_ids
+    assert a.token_ids != c.token_ids
+
+
+def test_modes_constant():
+    assert MODES[:3] == ("full", "turbo", "turbo-composite")
+    assert set(MODES[3:]) == {"turbo-epic", "turbo-blend"}

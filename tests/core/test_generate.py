@@ -1,0 +1,52 @@
+"""Stop handling and sampling helpers of the decoder."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import char_tokenizer
+
+from turborag.core.generate import SamplingParams, TextStream, pick
+
+
+def _run(text: str, **kw) -> tuple[str, str]:
+    tok = char_tokenizer()
+    stream = TextStream(tok, SamplingParams(**kw))
+    out = ""
+    for tid in tok(text, add_special_tokens=False)["input_ids"]:
+        out += stream.push(tid)
+        if stream.stopped:
+            break
+    out += stream.flush()
+    return out, stream.text
+
+
+def test_stop_at_newline_skips_leading_newlines():
+    out, text = _run("\n\n 1987\nQuestion: more", stop_at_newline=True)
+    assert out == text == "\n\n 1987"
+
+
+def test_stop_string_trimmed_and_never_emitted_partially():
+    out, text = _run("Ismena Throll###rest", stop=["###"])
+    assert out == "Ismena Throll" and text == out
+
+
+def test_no_stop_passes_everything():
+    out, _ = _run("a\nb\nc")
+    assert out == "a\nb\nc"
+
+
+def test_pick_greedy_and_filters():
+    logits = torch.tensor([0.0, 5.0, 1.0, 4.9])
+    assert pick(logits, SamplingParams(), None) == 1
+    g = torch.Generator().manual_seed(0)
+    draws = {pick(logits, SamplingParams(temperature=1.0, top_k=2), g) for _ in range(200)}
+    assert draws <= {1, 3} and len(draws) == 2
+    draws = {pick(logits, SamplingParams(temperature=1.0, top_p=0.3), g) for _ in range(50)}
+    assert draws == {1}
+
+
+@pytest.mark.parametrize("kw", [{"max_new_tokens": 0}, {"temperature": -1}, {"top_p": 0}, {"top_p": 1.5}])
+def test_bad_params(kw):
+    with pytest.raises(ValueError):
+        SamplingParams(**kw)

@@ -1,0 +1,44 @@
+"""End-to-end on the real default model (Gemma 3 270M). Slow: select with `pytest -m real_model`."""
+
+from __future__ import annotations
+
+import pytest
+
+from turborag.core.engine import Engine
+from turborag.core.generate import SamplingParams
+from turborag.core.model import load_model
+from turborag.eval.metrics import contains_answer
+from turborag.store.kv_store import KVStore
+
+pytestmark = pytest.mark.real_model
+
+PASSAGES = [
+    "Veltrano Dynamics is a maker of small river ferries. The company was founded in 1911 by Ismena Throll, "
+    "a ship engineer from the coastal town of Quorvik.",
+    "The Sallow is a slow river that runs through the town of Brem. Every spring the town holds a lantern "
+    "festival on its banks.",
+    "Cobalt Orchard is a folk band from Tarsk. The band's first album, Grey Lanterns, came out in 1987.",
+]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    return Engine(load_model(), KVStore(tmp_path_factory.mktemp("store")))
+
+
+def test_answer_contains_fact_in_full_and_turbo(engine):
+    """A pipeline check, not an accuracy claim: without the cache-aware fine-tune turbo loses accuracy on
+    many orderings (measured by `turborag eval`, docs/BENCHMARKS.md); this ordering is one the base model
+    reads right in both modes (with the fact passage in the middle, turbo answers "Veltrano Dynamics")."""
+    params = SamplingParams(max_new_tokens=16, stop_at_newline=True)
+    for mode in ("full", "turbo"):
+        a = engine.answer("Who founded Veltrano Dynamics?", PASSAGES, mode, params)
+        assert contains_answer(a.text, ["Ismena Throll"]), (mode, a.text)
+    assert a.cached_tokens > 0
+
+
+def test_one_passage_turbo_equals_full_on_real_model(engine):
+    params = SamplingParams(max_new_tokens=12, stop_at_newline=True)
+    full = engine.answer("Which band released Grey Lanterns?", PASSAGES[2:], "full", params)
+    turbo = engine.answer("Which band released Grey Lanterns?", PASSAGES[2:], "turbo", params)
+    assert full.token_ids == turbo.token_ids

@@ -1,0 +1,150 @@
+"""The package layout stays true: every import goes down the layers, and no modules import each other.
+
+Layers, lowest first (docs/ARCHITECTURE.md): a module may import only from its own layer and the layers it
+is allowed below. Every import counts, including the ones inside functions (lazy imports are still
+dependencies). The checker is tested on made-up violations too, so this test can fail.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import turborag
+
+ROOT = Path(turborag.__file__).parent
+
+ALLOWED: dict[str, set[str]] = {
+    "store": set(),
+    "core": {"store"},
+    "rag": {"core", "store"},
+    "eval": {"core", "rag"},
+    "train": {"core", "eval"},  # synth scores look-alike distractors with eval's answer normalisation
+    "serve": {"core", "rag", "store"},
+    "bench": {"store", "core", "rag", "eval", "train", "serve"},
+    "cli": {"store", "core", "rag", "eval", "train", "serve", "bench"},
+}
+
+
+def module_names() -> dict[str, Path]:
+    """'turborag.core.kv' -> its file, for every module of the package."""
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+def imports_of(name: str, source: str, known: set[str]) -> set[str]:
+    """The turborag modules that `source` (module `name`) imports, anywhere in the file."""
+    package = name if name in known and _is_package(name, known) else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from .x import y
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:  # `from pkg import submodule` imports the submodule
+                sub = f"{base}.{alias.name}"
+                found.add(sub if sub in known else base)
+    return {m for m in found if m == "turborag" or m.startswith("turborag.")}
+
+
+def _is_package(name: str, known: set[str]) -> bool:
+    return any(other.startswith(name + ".") for other in known)
+
+
+def layer(module: str) -> str | None:
+    """'turborag.core.kv' -> 'core'; the top-level facade and __main__ belong to no layer."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in ALLOWED else None
+
+
+def violations(graph: dict[str, set[str]]) -> list[str]:
+    out = []
+    for src, targets in sorted(graph.items()):
+        here = layer(src)
+        if here is None:
+            continue
+        for dst in sorted(targets):
+            there = layer(dst)
+            if there is None:
+                out.append(f"{src} imports {dst} (the top-level facade is for users, not for the package)")
+            elif there != here and there not in ALLOWED[here]:
+                out.append(f"{src} ({here}) imports {dst} ({there})")
+    return out
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan), i.e. import cycles."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1 or v in graph.get(v, ()):
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def package_graph() -> dict[str, set[str]]:
+    modules = module_names()
+    known = set(modules)
+    return {name: imports_of(name, path.read_text(), known) - {name} for name, path in modules.items()}
+
+
+def test_every_layer_is_a_package():
+    modules = module_names()
+    loose = [m for m in modules if m.count(".") == 1 and layer(m) is None and m != "turborag.__main__"]
+    assert not loose, f"modules outside the layers: {loose}"
+    assert {layer(m) for m in modules} - {None} == set(ALLOWED)
+
+
+def test_imports_go_down_the_layers():
+    assert violations(package_graph()) == []
+
+
+def test_no_import_cycles():
+    assert cycles(package_graph()) == []
+
+
+def test_the_checker_catches_violations_and_cycles():
+    known = {"turborag.core.kv", "turborag.cli.app", "turborag.cli", "turborag.store.kv_store"}
+    lazy_upward = "def f():\n    from turborag.cli.app import app\n"
+    graph = {"turborag.core.kv": imports_of("turborag.core.kv", lazy_upward, known)}
+    assert graph["turborag.core.kv"] == {"turborag.cli.app"}
+    assert violations(graph) == ["turborag.core.kv (core) imports turborag.cli.app (cli)"]
+    facade = {"turborag.rag.x": imports_of("turborag.rag.x", "from turborag import Engine\n", known)}
+    assert len(violations(facade)) == 1
+    relative = imports_of("turborag.store.kv_store", "from ..cli import app\n", known)
+    assert relative == {"turborag.cli.app"}
+    a, b, c = "turborag.cli.a", "turborag.cli.b", "turborag.cli.c"
+    loop = {a: {b}, b: {a}, c: set()}
+    assert violations(loop) == [] and cycles(loop) == [[a, b]]

@@ -1,0 +1,165 @@
+"""Cache-aware fine-tuning on tiny models: same path as serving, loss goes down, resume is exact."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import char_tokenizer, make
+
+from turborag.core import hf_compat, kv
+from turborag.core.engine import Engine
+from turborag.core.model import LoadedModel, fingerprint
+from turborag.store.kv_store import KVStore
+from turborag.train.finetune import TrainConfig, answer_ids, example_loss, finetune, serving_logits
+from turborag.train.synth import generate, write_jsonl
+
+PASSAGES = [
+    "Veltrano was founded by Ismena Throll.",
+    "The Sallow runs through Brem.",
+    "Cobalt Orchard sings.",
+]
+
+
+def _lm(kind="gemma3") -> LoadedModel:
+    model, tok = make(kind), char_tokenizer()
+    return LoadedModel(model, tok, "tiny", fingerprint(model, tok), torch.device("cpu"), torch.float32)
+
+
+@pytest.mark.parametrize("kind", ["gemma3", "qwen2"])
+@pytest.mark.parametrize("positions", ["reordered", "composite"])
+def test_training_forward_equals_serving_path(kind, positions, tmp_path):
+    """The logits training takes its loss from equal the serving engine's (stored caches, assembled)."""
+    lm = _lm(kind)
+    engine = Engine(lm, KVStore(tmp_path, dtype="float32"))
+    prompt = engine.layout.build("Who founded Veltrano?", PASSAGES)
+    tail = prompt.suffix + answer_ids(lm.tokenizer, "Ismena Throll")
+    # serving: caches precomputed and stored, read back, assembled, tail prefilled
+    engine.precompute(PASSAGES)
+    chunks = [engine.store.get(engine.key(c)) for c in prompt.chunks]
+    cache, pos = kv.assemble(engine.prefix_kv, chunks, engine.inv_freq, positions)
+    with torch.no_grad():
+        served = hf_compat.forward(
+            lm.model, torch.tensor([tail]), torch.arange(pos, pos + len(tail))[None], cache
+        )[0]
+    trained = serving_logits(
+        lm.model, engine.inv_freq, prompt.prefix, prompt.chunks, tail, positions=positions
+    )
+    assert trained.requires_grad
+    assert (trained.detach() - served).abs().max().item() < 1e-5
+    # and the causal variant equals a full prefill
+    causal = serving_logits(lm.model, engine.inv_freq, prompt.prefix, prompt.chunks, tail, causal=True)
+    with torch.no_grad():
+        ids = prompt.ids + tail[len(prompt.suffix) :]
+        full = hf_compat.forward(
+            lm.model, torch.tensor([ids]), torch.arange(len(ids))[None], hf_compat.new_cache()
+        )
+    assert (causal.detach() - full[0, -len(tail) :]).abs().max().item() < 1e-5
+
+
+def _data(tmp_path, n=4):
+    path = tmp_path / "train.jsonl"
+    write_jsonl(generate(n, 2, seed=5), path)
+    return str(path)
+
+
+def _cfg(tmp_path, **kw) -> TrainConfig:
+    base = dict(
+        data=_data(tmp_path),
+        out=str(tmp_path / "out"),
+        steps=12,
+        batch=2,
+        lr=3e-3,
+        warmup=1,
+        save_every=3,
+        max_passage_tokens=48,
+        rank=8,
+        alpha=16,
+    )
+    base.update(kw)
+    return TrainConfig(**base)
+
+
+def _mean_loss(model, lm, cfg, rows):
+    from turborag.core.model import layer_inv_freq
+    from turborag.core.prompt import PromptLayout
+
+    inv = torch.stack(layer_inv_freq(lm.model))
+    layout = PromptLayout(lm.tokenizer)
+    with torch.no_grad():
+        return sum(example_loss(model, inv, layout, r, cfg)[0].item() for r in rows) / len(rows)
+
+
+@pytest.mark.parametrize("lora,causal", [(True, False), (False, False), (True, True)])
+def test_few_steps_lower_the_loss(tmp_path, lora, causal):
+    lm = _lm()
+    cfg = _cfg(tmp_path, lora=lora, causal=causal, lr=1e-2 if lora else 1e-3)
+    rows = [r for r in map(__import__("json").loads, open(cfg.data))]
+    before = _mean_loss(lm.model, lm, cfg, rows)
+    out = finetune(lm, cfg, progress=False)
+    from transformers import AutoModelForCausalLM
+
+    tuned = AutoModelForCausalLM.from_pretrained(out).eval()
+    after = _mean_loss(tuned, lm, cfg, rows)
+    assert after < before * 0.9, (before, after)
+    assert (out / "config.json").exists() and (out.parent / "latest").exists()
+
+
+def test_resume_after_interruption_continues_exactly(tmp_path):
+    """Stop after 6 of 12 steps (as a kill between checkpoints would), rerun: same weights as one go."""
+    base = _lm()
+    whole = finetune(copy.deepcopy(base), _cfg(tmp_path / "a"), progress=False)
+    cfg_c = _cfg(tmp_path / "c")
+    import json
+
+    partial = cfg_c
+    lm_c1 = copy.deepcopy(base)
+    _run_until(lm_c1, partial, stop_after=6)
+    state = json.loads((tmp_path / "c" / "out" / "ckpt-6" / "state.json").read_text())
+    assert state["step"] == 6
+    resumed = finetune(copy.deepcopy(base), partial, progress=False)
+    from safetensors.torch import load_file
+
+    wa = load_file(whole / "model.safetensors")
+    wc = load_file(resumed / "model.safetensors")
+    assert wa.keys() == wc.keys()
+    assert max((wa[k] - wc[k]).abs().max().item() for k in wa) < 1e-6
+
+
+def _run_until(lm, cfg, stop_after):
+    """Run finetune but raise (like a kill) right after the checkpoint at `stop_after` steps."""
+    import turborag.train.finetune as train
+
+    real_save = train.save_checkpoint
+
+    class Killed(Exception):
+        pass
+
+    def save_then_die(out, step, *a, **k):
+        real_save(out, step, *a, **k)
+        if step == stop_after:
+            raise Killed
+
+    train.save_checkpoint = save_then_die
+    try:
+        with pytest.raises(Killed):
+            finetune(lm, cfg, progress=False)
+    finally:
+        train.save_checkpoint = real_save
+
+
+def test_adapter_folder_loads_as_a_model(tmp_path, tiny_model_dir):
+    """`--model OUT/adapter` (base + LoRA merged at load) serves the same model as `--model OUT/model`."""
+    from turborag.core.model import load_model
+
+    cfg = _cfg(tmp_path, model=tiny_model_dir, steps=3)
+    merged_dir = finetune(load_model(tiny_model_dir), cfg, progress=False)
+    a = load_model(str(merged_dir))
+    b = load_model(str(merged_dir.parent / "adapter"))
+    base = load_model(tiny_model_dir)
+    assert a.fingerprint != base.fingerprint  # a fine-tune never shares caches with its base
+    x = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        la, lb = a.model(input_ids=x).logits, b.model(input_ids=x).logits
+    assert (la - lb).abs().max().item() < 1e-4

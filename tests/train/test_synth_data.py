@@ -1,0 +1,32 @@
+import copy
+import json
+import re
+from importlib.resources import files
+
+import pytest
+
+from turborag.train.synth import _parse_domains
+
+
+def _shipped():
+    return json.loads(files("turborag").joinpath("data/synth_domains.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda d: d.update(entity=["syllables"]), r"entity must be \[kind, \*arguments\], kind one of word"),
+        (lambda d: d["templates"][2].update(value=["number", 10]), r"templates\[2\]\.value .*takes 2 to 3"),
+        (lambda d: d["templates"][0].update(value=["number", 5, 1]), r"templates\[0\]\.value .*low <= high"),
+        (lambda d: d["templates"][0].update(facts=["{e}."]), r"templates\[0\]\.facts: .* lacks \{v\}"),
+        (lambda d: d["fillers"].append("{e} is near {v}."), r"fillers: .* uses \{v\}; only \{e\} here"),
+        (lambda d: d.update(filers=d.pop("fillers")), r"the entry must be an object with keys"),
+    ],
+)
+def test_malformed_domain_names_the_domain(edit, message):
+    data = _shipped()
+    assert len(_parse_domains(data)) == 10  # the shipped data itself is well-formed
+    broken = copy.deepcopy(data)
+    edit(broken["domains"][1])
+    with pytest.raises(ValueError, match=re.escape("synth domain 'city': ") + message):
+        _parse_domains(broken)

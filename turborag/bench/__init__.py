@@ -1,0 +1,1 @@
+"""Benchmarks that measure modes side by side in one run, and the demo."""

@@ -1,0 +1,121 @@
+"""`turborag bench ttft`: full vs turbo time-to-first-token, measured alternately in one run.
+
+The context is real text, CPython's own documentation (`pydoc_data.topics`, shipped with every Python),
+split into chunks of `chunk_tokens` tokens. For each context size the chunks' caches are precomputed into
+the store (timed separately, as precompute throughput), then full and turbo answer the same question in
+alternation, `repeats` times each; the median is reported. Turbo's TTFT includes reading the chunk caches
+from the store (disk, usually in the OS page cache) and assembling them.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+from turborag.core.engine import Engine
+from turborag.core.generate import SamplingParams
+
+QUESTION = "Which statement is used to handle exceptions in Python, and what clause runs no matter what?"
+
+
+def doc_text() -> str:
+    """CPython's topic documentation, in a stable order."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[k] for k in sorted(topics))
+
+
+def doc_chunks(engine: Engine, total_tokens: int, chunk_tokens: int = 512) -> list[str]:
+    """Consecutive chunks of the docs whose chunk token counts add up to `total_tokens`."""
+    tok = engine.lm.tokenizer
+    ids = tok(doc_text(), add_special_tokens=False)["input_ids"]
+    overhead = len(engine.layout.chunk_ids("x")) - len(tok("x", add_special_tokens=False)["input_ids"])
+    if total_tokens > len(ids):
+        raise ValueError(f"only {len(ids)} tokens of documentation available, asked for {total_tokens}")
+    chunks, used, start = [], 0, 0
+    while used < total_tokens:
+        n = min(chunk_tokens, total_tokens - used) - overhead
+        n = max(n, 1)
+        text = tok.decode(ids[start : start + n])
+        start += n
+        chunks.append(text)
+        used += len(engine.layout.chunk_ids(text))
+    return chunks
+
+
+@dataclass
+class TTFTRow:
+    context_tokens: int
+    chunks: int
+    full_ttft_s: float
+    turbo_ttft_s: float
+    speedup: float
+    precompute_tok_s: float  # chunk tokens precomputed per second (batched, behind the prefix)
+    full_prefill_tok_s: float  # prompt tokens per second of a full prefill (its TTFT)
+    cache_bytes_per_token: float  # on disk, including the safetensors header
+
+
+def bench_ttft(
+    engine: Engine, sizes: Sequence[int], repeats: int = 3, chunk_tokens: int = 512, log=print
+) -> list[TTFTRow]:
+    rows = []
+    one = SamplingParams(max_new_tokens=1)
+    engine.answer("warm up", ["A short warm-up passage."], "full", one)
+    for size in sizes:
+        chunks = doc_chunks(engine, size, chunk_tokens)
+        # Fresh caches for this size: precompute throughput is measured on chunks not yet stored.
+        for c in chunks:
+            engine.store.path(engine.key(engine.layout.chunk_ids(c))).unlink(missing_ok=True)
+        t = time.perf_counter()
+        _, tokens = engine.precompute(chunks)
+        pre_s = time.perf_counter() - t
+        nbytes = sum(engine.store.path(engine.key(engine.layout.chunk_ids(c))).stat().st_size for c in chunks)
+
+        full, turbo = [], []
+        for r in range(repeats):
+            for mode, acc in (
+                (("full", full), ("turbo", turbo)) if r % 2 == 0 else (("turbo", turbo), ("full", full))
+            ):
+                a = engine.answer(QUESTION, chunks, mode, one)
+                if a.computed_chunks:
+                    raise RuntimeError("a chunk cache was missing at query time; the bench would be unfair")
+                acc.append(a.ttft_s)
+        f, tb = statistics.median(full), statistics.median(turbo)
+        ctx = sum(len(engine.layout.chunk_ids(c)) for c in chunks)
+        prompt_tokens = ctx + len(engine.prefix_ids) + len(engine.layout.suffix_ids(QUESTION))
+        row = TTFTRow(ctx, len(chunks), f, tb, f / tb, tokens / pre_s, prompt_tokens / f, nbytes / ctx)
+        log(row)
+        rows.append(row)
+    return rows
+
+
+def rows_as_dicts(rows: Sequence[TTFTRow]) -> list[dict]:
+    return [asdict(r) for r in rows]
+
+
+def bench_precompute(
+    engine: Engine, batch_sizes: Sequence[int], n_chunks: int = 16, chunk_tokens: int = 256, rounds: int = 2
+) -> list[dict]:
+    """Precompute throughput (chunk tokens/s) per batch size, rounds alternating between sizes.
+
+    Chunks are computed with `kv.precompute_chunks` directly (nothing stored), so only the forward is timed.
+    """
+    from turborag.core import kv
+
+    chunks = [engine.layout.chunk_ids(c) for c in doc_chunks(engine, n_chunks * chunk_tokens, chunk_tokens)]
+    tokens = sum(len(c) for c in chunks)
+    kv.precompute_chunks(engine.lm.model, engine.prefix_kv, chunks[:2], batch_size=2)  # warm-up
+    times: dict[int, list[float]] = {b: [] for b in batch_sizes}
+    for _ in range(rounds):
+        for b in batch_sizes:
+            t = time.perf_counter()
+            kv.precompute_chunks(
+                engine.lm.model, engine.prefix_kv, chunks, batch_size=b, pad_id=engine.pad_id
+            )
+            times[b].append(time.perf_counter() - t)
+    return [
+        {"batch_size": b, "tokens": tokens, "tok_s": tokens / statistics.median(ts)}
+        for b, ts in times.items()
+    ]

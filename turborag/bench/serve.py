@@ -1,0 +1,164 @@
+"""`turborag bench serve`: the HTTP server under load, and prompt caching on an agent-style conversation.
+
+Both run a real server (uvicorn, in this process) on a free loopback port and talk to it over HTTP with the
+official `openai` client; every loop is bounded in count and time.
+
+- load: `clients` concurrent streaming chat requests (each with `turborag.contexts`, so the same passages
+  and caches are used by all), `rounds` requests per client. Reports requests/s, TTFT p50/p99 as the
+  client sees it (request sent -> first content chunk), errors, and the queue depth afterwards.
+- agent: a `steps`-step conversation whose system prompt has `system_tokens` tokens, sent through
+  `/v1/chat/completions` with `turborag.retrieve = false` (a plain prompt). Each step appends the previous
+  answer and a new user turn. Measured twice, with prompt caching on and off (a server whose prefix cache
+  holds nothing), TTFT per step side by side.
+"""
+
+from __future__ import annotations
+
+import socket
+import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from turborag.bench.engine import doc_text
+from turborag.serve import Backend, create_app
+
+
+class ServedApp:
+    """uvicorn in a thread on a free loopback port."""
+
+    def __init__(self, app):
+        import uvicorn
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.app = app
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="error"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.time() + 60
+        while not self.server.started:
+            if time.time() > deadline:
+                raise RuntimeError("server did not start")
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(30)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self, timeout: float = 600):
+        import openai
+
+        return openai.OpenAI(
+            base_url=f"http://127.0.0.1:{self.port}/v1", api_key="bench", max_retries=0, timeout=timeout
+        )
+
+
+def _stream_ttft(client, **kw) -> tuple[float, int, int]:
+    """(seconds to the first content chunk, completion tokens, cached tokens) of one streamed request."""
+    t0 = time.perf_counter()
+    first, usage = None, None
+    for chunk in client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw):
+        if first is None and chunk.choices and chunk.choices[0].delta.content:
+            first = time.perf_counter() - t0
+        usage = chunk.usage or usage
+    total = time.perf_counter() - t0
+    return (
+        (first if first is not None else total),
+        usage.completion_tokens,
+        usage.prompt_tokens_details.cached_tokens,
+    )
+
+
+def bench_load(
+    backend: Backend, clients: int = 32, rounds: int = 2, max_tokens: int = 8, passages: int = 5
+) -> dict:
+    text = doc_text()
+    contexts = [text[i * 600 : (i + 1) * 600] for i in range(passages)]
+    app = create_app(backend, max_queue=max(64, clients * 2))
+    with ServedApp(app) as srv:
+        client = srv.client()
+        backend.engine.precompute(contexts)  # offline step, as ingest would do
+        _stream_ttft(
+            client,
+            model="turborag",
+            messages=[{"role": "user", "content": "warm up"}],
+            max_tokens=1,
+            extra_body={"turborag": {"contexts": contexts}},
+        )
+
+        def one(i: int):
+            out = []
+            for r in range(rounds):
+                msg = [{"role": "user", "content": f"Question {i}.{r}: what does the assert statement do?"}]
+                try:
+                    out.append(
+                        _stream_ttft(
+                            client,
+                            model="turborag",
+                            messages=msg,
+                            max_tokens=max_tokens,
+                            extra_body={"turborag": {"contexts": contexts}},
+                        )
+                    )
+                except Exception as e:  # counted, not raised: the bench reports errors
+                    out.append(e)
+            return out
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(clients) as pool:
+            results = [x for chunk in pool.map(one, range(clients)) for x in chunk]
+        wall = time.perf_counter() - t0
+        ok = [r for r in results if not isinstance(r, Exception)]
+        ttfts = sorted(r[0] for r in ok)
+        depth = app.state.worker.depth
+    return {
+        "clients": clients,
+        "requests": len(results),
+        "errors": len(results) - len(ok),
+        "seconds": wall,
+        "requests_per_s": len(ok) / wall,
+        "tokens_per_s": sum(r[1] for r in ok) / wall,
+        "ttft_p50_s": statistics.median(ttfts),
+        "ttft_p99_s": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
+        "queue_depth_after": depth,
+    }
+
+
+def bench_agent(backend: Backend, steps: int = 10, system_tokens: int = 1000, max_tokens: int = 8) -> dict:
+    tok = backend.engine.lm.tokenizer
+    ids = tok(doc_text(), add_special_tokens=False)["input_ids"][:system_tokens]
+    system = "You are a Python expert agent. Reference manual:\n" + tok.decode(ids)
+    rows = []
+    for reuse in (True, False):
+        engine = backend.engine
+        saved = engine.prefix_cache.max_blocks
+        engine.prefix_cache.clear()
+        engine.prefix_cache.max_blocks = saved if reuse else 0  # 0 = nothing is kept: every step from scratch
+        try:
+            with ServedApp(create_app(backend)) as srv:
+                client = srv.client()
+                msgs = [{"role": "system", "content": system}]
+                for step in range(steps):
+                    msgs.append({"role": "user", "content": f"Step {step + 1}: what should I check next?"})
+                    ttft, _n, cached = _stream_ttft(
+                        client,
+                        model="turborag",
+                        messages=msgs,
+                        max_tokens=max_tokens,
+                        extra_body={"turborag": {"retrieve": False}},
+                    )
+                    msgs.append({"role": "assistant", "content": f"Checked item {step + 1}."})
+                    rows.append({"reuse": reuse, "step": step + 1, "ttft_s": ttft, "cached_tokens": cached})
+        finally:
+            engine.prefix_cache.max_blocks = saved
+            engine.prefix_cache.clear()
+    return {"steps": steps, "system_tokens": system_tokens, "rows": rows}

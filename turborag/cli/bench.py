@@ -1,0 +1,222 @@
+"""`turborag bench`: ratios measured side by side in one run (the work is in turborag/bench/)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from turborag.cli.common import DeviceOpt, JsonOpt, ModelOpt, TemplateOpt, console, fail, int_list, stdout
+from turborag.cli.loading import engine_for, load_engine, open_catalog
+from turborag.core.model import DEFAULT_MODEL, turborag_home
+
+app = typer.Typer(help="Benchmarks (ratios measured side by side in one run).", no_args_is_help=True)
+
+
+@app.command("ttft")
+def bench_ttft_cmd(
+    context_tokens: str = typer.Option("512,2048,8192", help="comma-separated context sizes in tokens"),
+    repeats: int = typer.Option(3, min=1, help="measurements per mode and size (median reported)"),
+    chunk_tokens: int = typer.Option(512, min=16),
+    model: str = ModelOpt,
+    device: str = DeviceOpt,
+    template: str = TemplateOpt,
+    store: Path = typer.Option(None, help="cache store (default: $TURBORAG_HOME/bench-store)"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Full vs turbo TTFT per context size, alternating in one run; precompute throughput; bytes/token."""
+    from turborag.bench.engine import bench_ttft, rows_as_dicts
+    from turborag.core.model import bytes_per_token
+
+    sizes = int_list(context_tokens, "--context-tokens")
+    engine = engine_for(model, device, store or turborag_home() / "bench-store", template)
+    if max(sizes) + 512 > engine.lm.max_positions:
+        fail(f"context of {max(sizes)} tokens does not fit the model's window of {engine.lm.max_positions}")
+    rows = bench_ttft(
+        engine, sizes, repeats, chunk_tokens, log=lambda r: console.print(r) if not as_json else None
+    )
+    info = {
+        "model": model,
+        "device": str(engine.lm.device),
+        "dtype": str(engine.lm.dtype).replace("torch.", ""),
+        "store_dtype": engine.store.dtype,
+        "repeats": repeats,
+        "kv_bytes_per_token": bytes_per_token(engine.lm.model, engine.store.torch_dtype),
+    }
+    if as_json:
+        typer.echo(json.dumps({**info, "rows": rows_as_dicts(rows)}))
+        return
+    table = Table(title=f"TTFT, {model} on {info['device']} ({info['dtype']}), median of {repeats}")
+    for col in (
+        "context tokens",
+        "full TTFT (s)",
+        "turbo TTFT (s)",
+        "speedup",
+        "precompute tok/s",
+        "full prefill tok/s",
+        "cache bytes/token",
+    ):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(
+            str(r.context_tokens),
+            f"{r.full_ttft_s:.3f}",
+            f"{r.turbo_ttft_s:.3f}",
+            f"{r.speedup:.1f}x",
+            f"{r.precompute_tok_s:.0f}",
+            f"{r.full_prefill_tok_s:.0f}",
+            f"{r.cache_bytes_per_token:.0f}",
+        )
+    stdout().print(table)
+    stdout().print(
+        f"KV bytes per token ({engine.store.dtype}, tensors only): {info['kv_bytes_per_token']}. "
+        "Turbo TTFT includes reading caches from the store; precompute is offline."
+    )
+
+
+@app.command("precompute")
+def bench_precompute_cmd(
+    batch_sizes: str = typer.Option("1,2,4,8", help="comma-separated batch sizes"),
+    chunks: int = typer.Option(16, min=1, help="chunks to precompute per measurement"),
+    chunk_tokens: int = typer.Option(256, min=16),
+    model: str = ModelOpt,
+    device: str = DeviceOpt,
+    template: str = TemplateOpt,
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Precompute throughput per batch size (is batching worth it on this device?)."""
+    from turborag.bench.engine import bench_precompute
+
+    sizes = int_list(batch_sizes, "--batch-sizes")
+    engine = engine_for(model, device, None, template)
+    rows = bench_precompute(engine, sizes, chunks, chunk_tokens)
+    if as_json:
+        typer.echo(json.dumps({"model": model, "device": str(engine.lm.device), "rows": rows}))
+        return
+    table = Table(
+        title=f"precompute throughput, {model} on {engine.lm.device}, {chunks} chunks of ~{chunk_tokens}"
+    )
+    table.add_column("batch size", justify="right")
+    table.add_column("tokens/s", justify="right")
+    for r in rows:
+        table.add_row(str(r["batch_size"]), f"{r['tok_s']:.0f}")
+    stdout().print(table)
+
+
+@app.command("serve")
+def bench_serve_cmd(
+    clients: int = typer.Option(32, min=1, max=256, help="concurrent streaming clients (load test)"),
+    rounds: int = typer.Option(2, min=1, max=20, help="requests per client"),
+    steps: int = typer.Option(10, min=1, max=50, help="agent conversation steps"),
+    system_tokens: int = typer.Option(1000, min=16, help="agent system prompt tokens"),
+    model: str = ModelOpt,
+    device: str = DeviceOpt,
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """HTTP server under concurrent streaming load, and prompt caching on an agent-style conversation."""
+    from turborag.bench.serve import bench_agent, bench_load
+    from turborag.cli.serve import serve_backend
+
+    backend = serve_backend(None, model, device, 8, use_store=False)
+    load = bench_load(backend, clients, rounds)
+    agent = bench_agent(backend, steps, system_tokens)
+    if as_json:
+        typer.echo(json.dumps({"model": model, "device": device, "load": load, "agent": agent}))
+        return
+    t = Table(title=f"load: {clients} concurrent streaming clients x {rounds}, {model} on {device}")
+    for col in (
+        "requests",
+        "errors",
+        "requests/s",
+        "tokens/s",
+        "TTFT p50 (s)",
+        "TTFT p99 (s)",
+        "queue after",
+    ):
+        t.add_column(col, justify="right")
+    t.add_row(
+        str(load["requests"]),
+        str(load["errors"]),
+        f"{load['requests_per_s']:.2f}",
+        f"{load['tokens_per_s']:.1f}",
+        f"{load['ttft_p50_s']:.3f}",
+        f"{load['ttft_p99_s']:.3f}",
+        str(load["queue_depth_after"]),
+    )
+    stdout().print(t)
+    t = Table(
+        title=f"agent: {steps} steps, {system_tokens}-token system prompt, TTFT with/without prompt caching"
+    )
+    for col in ("step", "TTFT reuse (s)", "cached tokens", "TTFT no reuse (s)", "speedup"):
+        t.add_column(col, justify="right")
+    on = [r for r in agent["rows"] if r["reuse"]]
+    off = [r for r in agent["rows"] if not r["reuse"]]
+    for a, b in zip(on, off):
+        t.add_row(
+            str(a["step"]),
+            f"{a['ttft_s']:.3f}",
+            str(a["cached_tokens"]),
+            f"{b['ttft_s']:.3f}",
+            f"{b['ttft_s'] / a['ttft_s']:.1f}x",
+        )
+    stdout().print(t)
+
+
+@app.command("ask")
+def bench_ask_cmd(
+    corpus: Path = typer.Option(
+        None, help="documents to ingest (default: CPython's docs as --docs .md files)"
+    ),
+    docs: int = typer.Option(60, min=1, help="documents of the default corpus"),
+    top_k: str = typer.Option("5,16", "--top-k", help="comma-separated top-k values"),
+    questions: int = typer.Option(8, min=1, help="questions per top-k (from a fixed list)"),
+    repeats: int = typer.Option(1, min=1, help="full/turbo measurements per question (alternating)"),
+    store: Path = typer.Option(None, help="store (default: a fresh $TURBORAG_HOME/bench-ask-store)"),
+    model: str = typer.Option(DEFAULT_MODEL, "--model"),
+    device: str = DeviceOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Ingest throughput, then `ask` TTFT full vs turbo per top-k, measured side by side in one run."""
+    from turborag.bench.ask import bench_ask, write_corpus
+
+    ks = sorted(set(int_list(top_k, "--top-k")))
+    if corpus is not None and not corpus.exists():
+        fail(f"no such file or folder: {corpus}")
+    root = store or turborag_home() / "bench-ask-store"
+    if store is None and root.exists():
+        import shutil
+
+        shutil.rmtree(root)  # our own scratch store: fresh caches so ingest throughput is real
+    catalog = open_catalog(root, create=True)
+    engine = load_engine(catalog, model, device, None, ingest=True, chunk_tokens=256, chunk_overlap=32)
+    if corpus is None:
+        corpus = write_corpus(turborag_home() / "bench-ask-corpus", docs)
+    log = None if as_json else lambda msg: console.print(msg)
+    result = bench_ask(engine, catalog, corpus, ks, questions, repeats, log=log)
+    if as_json:
+        typer.echo(json.dumps(result))
+        return
+    ing = result["ingest"]
+    Console().print(
+        f"ingest: {ing['documents']} documents, {ing['chunks']} chunks, {ing['tokens']} tokens in "
+        f"{ing['seconds']:.1f} s = {ing['tokens_per_s']:.0f} tokens/s, {ing['chunks_per_s']:.2f} chunks/s "
+        f"(caches {ing['cache_bytes'] / 1e6:.1f} MB)"
+    )
+    table = Table(
+        title=f"ask TTFT, {model} on {result['device']}, median over {questions} questions x {repeats}"
+    )
+    for col in ("top-k", "context tokens", "full TTFT (s)", "turbo TTFT (s)", "speedup", "retrieval (ms)"):
+        table.add_column(col, justify="right")
+    for r in result["rows"]:
+        table.add_row(
+            str(r["top_k"]),
+            f"{r['context_tokens_mean']:.0f}",
+            f"{r['full_ttft_s']:.3f}",
+            f"{r['turbo_ttft_s']:.3f}",
+            f"{r['speedup']:.1f}x",
+            f"{r['retrieval_ms']:.0f}",
+        )
+    Console().print(table)

@@ -1,0 +1,57 @@
+"""What every command shares: the stderr console, one-line errors, and the options used by several commands.
+
+Each command module imports from here (never from `app.py`), so the command modules do not depend on each
+other's registration and the package has no import cycle.
+"""
+
+from __future__ import annotations
+
+import typer
+from rich.console import Console
+
+from turborag.core.model import DEFAULT_MODEL
+
+console = Console(stderr=True)
+
+
+def stdout() -> Console:
+    """Tables on stdout; when piped (no terminal width), wide enough that columns are not cut."""
+    c = Console()
+    return c if c.is_terminal else Console(width=160)
+
+
+def fail(message: str, code: int = 2) -> None:
+    """One clear line on stderr, no traceback."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def int_list(value: str, option: str) -> list[int]:
+    """'512,2048' -> [512, 2048]; anything else is one clear error line."""
+    try:
+        out = [int(x) for x in value.split(",") if x.strip()]
+    except ValueError:
+        out = []
+    if not out or min(out) < 1:
+        fail(f"{option} must be comma-separated positive integers, got {value!r}")
+    return out
+
+
+# Options of the commands that load a model by name (demo, eval, bench).
+ModelOpt = typer.Option(
+    DEFAULT_MODEL,
+    "--model",
+    help="gemma-3-270m-turbo, gemma-3-270m (base), an HF model or adapter folder, a .gguf",
+)
+DeviceOpt = typer.Option("cpu", "--device", help="cpu, cuda, cuda:N or auto")
+TemplateOpt = typer.Option(
+    "auto", "--template", help="prompt template: auto (chat if the model has one), plain, chat"
+)
+
+# Options of the commands that work on a store (ingest, ask, remove, cache): the store remembers its model.
+StoreOpt = typer.Option(None, "--store", help="store directory (default: $TURBORAG_HOME/store)")
+StoreModelOpt = typer.Option(
+    None, "--model", help="gemma-3-270m, an HF model folder or a .gguf file (default: the store's model)"
+)
+StoreTemplateOpt = typer.Option(None, "--template", help="auto, plain or chat (default: the store's)")
+JsonOpt = typer.Option(False, "--json", help="print one JSON object")

@@ -1,0 +1,285 @@
+"""One request, start to finish: prompt -> (cached or full) prefill -> first token -> stream.
+
+Modes, all in this one engine so that the only difference between them is cache reuse:
+- `full`: standard RAG. The whole prompt (prefix + passages + question) is prefilled at query time.
+- `turbo`: the passages' precomputed caches are loaded from the store, re-positioned to contiguous
+  (reordered) positions, placed after the prefix cache, and only the question suffix is prefilled.
+- `turbo-composite`: the same with composite positions (every chunk keeps its own offsets).
+- `turbo-epic` / `turbo-blend`: turbo plus a training-free recompute of a few context tokens
+  (`recompute.py`): the first k tokens of each chunk, or the `ratio` most-deviating tokens.
+
+TTFT is measured from the call until the first generated token id is known. It includes tokenizing the
+prompt and, in turbo modes, reading the chunk caches from the store and assembling them. Precomputing the
+caches is offline work (ingest) and is not included; a cache missing at query time is computed on the spot
+and that time *is* included (and reported as `computed_chunks`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from turborag.core import hf_compat, kv, recompute
+from turborag.core.generate import SamplingParams, TextStream, decode, eos_ids
+from turborag.core.model import LoadedModel, layer_inv_freq
+from turborag.core.prefix_cache import PrefixCache
+from turborag.core.prompt import Prompt, PromptLayout
+from turborag.store.chunk_kv import ChunkKV
+from turborag.store.kv_store import KVStore, cache_key
+
+MODES = ("full", "turbo", "turbo-composite", "turbo-epic", "turbo-blend")
+_POSITIONS = {
+    "turbo": "reordered",
+    "turbo-composite": "composite",
+    "turbo-epic": "reordered",
+    "turbo-blend": "reordered",
+}
+
+
+class PromptTooLong(ValueError):
+    """The prompt plus the answer budget does not fit the model's context window."""
+
+
+@dataclass
+class Answer:
+    text: str
+    mode: str
+    ttft_s: float
+    total_s: float
+    prompt_tokens: int
+    cached_tokens: int  # prompt tokens served from precomputed caches (prefix + chunks)
+    completion_tokens: int
+    computed_chunks: int = 0  # chunks whose cache was missing and computed inside this request
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str = "stop"  # "stop" (EOS or stop string) or "length" (max_new_tokens reached)
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}: use one of {', '.join(MODES)}")
+    return mode
+
+
+class Engine:
+    """Holds the model, its prompt layout, the prefix cache and the chunk store."""
+
+    def __init__(
+        self,
+        lm: LoadedModel,
+        store: KVStore,
+        template: str = "auto",
+        batch_size: int = 4,
+        recompute_k: int = 16,
+        recompute_ratio: float = 0.15,
+        prefix_block: int = 64,
+        prefix_cache_tokens: int = 32768,
+    ):
+        if recompute_k < 0 or not 0 <= recompute_ratio <= 1:
+            raise ValueError("recompute_k must be >= 0 and recompute_ratio in [0, 1]")
+        self.recompute_k = recompute_k
+        self.recompute_ratio = recompute_ratio
+        self.lm = lm
+        self.store = store
+        self.layout = PromptLayout(lm.tokenizer, template)
+        self.batch_size = batch_size
+        self.inv_freq = torch.stack(layer_inv_freq(lm.model))  # (layers, head_dim/2) fp64
+        self.stop_ids = eos_ids(lm.tokenizer, lm.model)
+        self.prefix_ids = self.layout.prefix_ids()
+        self.prefix_kv = kv.prefill_prefix(lm.model, self.prefix_ids)  # resident: shared by every request
+        pad = lm.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else 0
+        self.prefix_cache = PrefixCache(
+            block_size=prefix_block, max_tokens=prefix_cache_tokens, salt=lm.fingerprint
+        )
+
+    # -- keys and precompute -------------------------------------------------------------------------
+
+    def key(self, chunk_ids: list[int]) -> str:
+        return cache_key(self.lm.fingerprint, self.prefix_ids, chunk_ids, self.store.dtype)
+
+    def precompute(self, passages: Sequence[str], on_batch=None) -> tuple[int, int]:
+        """Compute and store the caches of passages not stored yet. Returns (chunks, tokens) computed."""
+        todo: dict[str, list[int]] = {}
+        for text in passages:
+            ids = self.layout.chunk_ids(text)
+            k = self.key(ids)
+            if k not in todo and k not in self.store:
+                todo[k] = ids
+        self._compute_and_store(todo, on_batch)
+        return len(todo), sum(len(v) for v in todo.values())
+
+    def _compute_and_store(
+        self, todo: dict[str, list[int]], on_batch=None, keep: bool = False
+    ) -> dict[str, ChunkKV]:
+        """Compute and store caches; with `keep`, also return them (in the store's dtype, exactly as they
+        would be read back), otherwise nothing is held in memory beyond one group."""
+        keys = list(todo)
+        out = {}
+        for s in range(0, len(keys), self.batch_size * 8):  # store as we go: a crash loses little
+            part = keys[s : s + self.batch_size * 8]
+            caches = kv.precompute_chunks(
+                self.lm.model, self.prefix_kv, [todo[k] for k in part], self.batch_size, self.pad_id, on_batch
+            )
+            for k, c in zip(part, caches):
+                self.store.put(k, c)
+                if keep:
+                    out[k] = ChunkKV(c.k.to(self.store.torch_dtype), c.v.to(self.store.torch_dtype))
+        return out
+
+    # -- answering -----------------------------------------------------------------------------------
+
+    def check_length(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        limit = self.lm.max_positions
+        if prompt_tokens + max_new_tokens > limit:
+            raise PromptTooLong(
+                f"prompt of {prompt_tokens} tokens + {max_new_tokens} new tokens exceeds the model's "
+                f"context window of {limit} tokens"
+            )
+
+    def answer(
+        self,
+        question: str,
+        passages: Sequence[str],
+        mode: str = "turbo",
+        params: SamplingParams | None = None,
+    ):
+        """Run to completion; returns the Answer."""
+        result = None
+        for item in self.stream(question, passages, mode, params):
+            if isinstance(item, Answer):
+                result = item
+        return result
+
+    def stream(
+        self,
+        question: str,
+        passages: Sequence[str],
+        mode: str = "turbo",
+        params: SamplingParams | None = None,
+    ) -> Iterator[str | Answer]:
+        """Yield text deltas as they are decoded, then the final Answer."""
+        check_mode(mode)
+        params = params or SamplingParams()
+        t0 = time.perf_counter()
+        prompt = self.layout.build(question, list(passages))
+        self.check_length(len(prompt.ids), params.max_new_tokens)
+        reserve = params.max_new_tokens + 8  # decode room in the cache buffers
+        if mode == "full":
+            cache, logits, next_pos, cached, computed = self._prefill_full(prompt, reserve)
+        else:
+            cache, logits, next_pos, cached, computed = self._prefill_turbo(
+                prompt, mode, reserve + len(prompt.suffix)
+            )
+
+        yield from self._decode(cache, logits, next_pos, params, t0, mode, len(prompt.ids), cached, computed)
+
+    def complete_stream(
+        self, prompt_ids: list[int], params: SamplingParams | None = None
+    ) -> Iterator[str | Answer]:
+        """A plain prompt (no retrieval), reusing the longest previously seen prefix (prefix_cache.py)."""
+        params = params or SamplingParams()
+        t0 = time.perf_counter()
+        if not prompt_ids:
+            raise ValueError("empty prompt")
+        self.check_length(len(prompt_ids), params.max_new_tokens)
+        dev, dtype = self.lm.device, self.lm.dtype
+        reserve = len(prompt_ids) + params.max_new_tokens + 8
+        n, hit = self.prefix_cache.match(prompt_ids[:-1])  # keep >= 1 token to prefill: it gives the logits
+        if hit is not None:
+            cache, _ = kv.assemble_into(hit, [], self.inv_freq, "reordered", dev, dtype, reserve)
+        else:
+            cache = hf_compat.buffered_cache(self.lm.config.num_hidden_layers, reserve=reserve)
+        rest = torch.tensor([prompt_ids[n:]], device=dev)  # (1, T - n)
+        with torch.inference_mode():
+            logits = hf_compat.forward(
+                self.lm.model,
+                rest,
+                torch.arange(n, len(prompt_ids), device=dev)[None],
+                cache,
+                logits_to_keep=1,
+            )
+            self.prefix_cache.insert(prompt_ids, hf_compat.cache_layers(cache))
+        yield from self._decode(
+            cache, logits[0, -1], len(prompt_ids), params, t0, "prompt", len(prompt_ids), n, 0
+        )
+
+    def _decode(self, cache, logits, next_pos, params, t0, mode, prompt_tokens, cached, computed):
+        """Decode on top of a filled cache: yield text deltas, then the Answer (TTFT = first token known)."""
+        stream = TextStream(self.lm.tokenizer, params)
+        ttft = None
+        for tok in decode(self.lm.model, cache, logits, next_pos, params, self.stop_ids):
+            if ttft is None:
+                ttft = time.perf_counter() - t0
+            delta = stream.push(tok)
+            if delta:
+                yield delta
+            if stream.stopped:
+                break
+        tail = stream.flush()
+        if tail:
+            yield tail
+        total = time.perf_counter() - t0
+        length_cut = len(stream.ids) >= params.max_new_tokens and not stream.stopped
+        yield Answer(
+            text=stream.text.strip(),
+            mode=mode,
+            ttft_s=ttft if ttft is not None else total,
+            total_s=total,
+            prompt_tokens=prompt_tokens,
+            cached_tokens=cached,
+            completion_tokens=len(stream.ids),
+            computed_chunks=computed,
+            token_ids=list(stream.ids),
+            finish_reason="length" if length_cut else "stop",
+        )
+
+    def _prefill_full(self, prompt: Prompt, reserve: int):
+        """Standard RAG: everything from scratch, positions 0..len-1."""
+        dev = self.lm.device
+        ids = torch.tensor([prompt.ids], device=dev)  # (1, T)
+        cache = hf_compat.buffered_cache(self.lm.config.num_hidden_layers, reserve=reserve)
+        with torch.inference_mode():
+            logits = hf_compat.forward(
+                self.lm.model, ids, torch.arange(ids.shape[1], device=dev)[None], cache, logits_to_keep=1
+            )
+        return cache, logits[0, -1], ids.shape[1], 0, 0
+
+    def _prefill_turbo(self, prompt: Prompt, mode: str, reserve: int):
+        """Load chunk caches (computing any that are missing), assemble, [recompute], prefill the suffix."""
+        positions = _POSITIONS[mode]
+        dev, dtype = self.lm.device, self.lm.dtype
+        keys = [self.key(c) for c in prompt.chunks]
+        loaded = {k: self.store.get(k) for k in dict.fromkeys(keys)}
+        missing = {k: ids for k, ids in zip(keys, prompt.chunks) if loaded[k] is None}
+        if missing:
+            loaded.update(self._compute_and_store(missing, keep=True))
+        chunks = [loaded[k] for k in keys]
+        cache, next_pos = kv.assemble_into(
+            self.prefix_kv, chunks, self.inv_freq, positions, dev, dtype, reserve
+        )
+        recomputed = 0
+        if mode in ("turbo-epic", "turbo-blend"):
+            recomputed = self._recompute(cache, prompt, positions, mode)
+        suffix = torch.tensor([prompt.suffix], device=dev)  # (1, S)
+        pos = torch.arange(next_pos, next_pos + suffix.shape[1], device=dev)[None]  # (1, S)
+        with torch.inference_mode():
+            logits = hf_compat.forward(self.lm.model, suffix, pos, cache, logits_to_keep=1)
+        cached = len(prompt.prefix) + prompt.context_tokens - recomputed
+        return cache, logits[0, -1], next_pos + suffix.shape[1], cached, len(missing)
+
+    def _recompute(self, cache, prompt: Prompt, positions: str, mode: str) -> int:
+        """Refresh a few context tokens in place (recompute.py); returns how many."""
+        p, lengths = len(prompt.prefix), [len(c) for c in prompt.chunks]
+        shifts, _ = kv.layout(lengths, p, positions)
+        ids = prompt.prefix + [t for c in prompt.chunks for t in c]
+        pos = list(range(p)) + [p + d + j for d, n in zip(shifts, lengths) for j in range(n)]
+        if mode == "turbo-epic":
+            selected = recompute.epic_indices(p, lengths, self.recompute_k)
+        else:
+            first = p + (lengths[0] if lengths else 0)
+            selected = recompute.blend_indices(self.lm.model, cache, ids, pos, first, self.recompute_ratio)
+        recompute.recompute(self.lm.model, cache, ids, pos, selected)
+        return len(selected)

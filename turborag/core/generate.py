@@ -1,0 +1,145 @@
+"""Decode: pick tokens one at a time on top of a filled cache, streaming text as it comes.
+
+Greedy by default; temperature / top-p / top-k sampling with an optional seed. Stops on any EOS id, on a
+stop string (trimmed from the output), on a newline when `stop_at_newline` (short-answer QA), or after
+`max_new_tokens`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from turborag.core import hf_compat
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 64
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_at_newline: bool = False
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+        if self.temperature < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 < self.top_p <= 1:
+            raise ValueError("top_p must be in (0, 1]")
+
+
+def eos_ids(tokenizer, model) -> set[int]:
+    """Every id that ends a turn: tokenizer EOS, generation-config EOS, and chat end-of-turn markers."""
+    ids: set[int] = set()
+    for src in (
+        tokenizer.eos_token_id,
+        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+    ):
+        if isinstance(src, int):
+            ids.add(src)
+        elif isinstance(src, (list, tuple)):
+            ids.update(int(x) for x in src)
+    for marker in ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|endoftext|>"):
+        tid = tokenizer.convert_tokens_to_ids(marker)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid >= 0:
+            ids.add(tid)
+    return ids
+
+
+def pick(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
+    """Next token id from last-position logits (vocab,)."""
+    if params.temperature == 0:
+        return int(torch.argmax(logits))
+    logits = logits.float() / params.temperature
+    if params.top_k > 0:
+        kth = torch.topk(logits, min(params.top_k, logits.numel())).values[-1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if params.top_p < 1.0:
+        sorted_p, order = torch.sort(probs, descending=True)
+        keep = torch.cumsum(sorted_p, dim=-1) - sorted_p < params.top_p  # always keeps the top token
+        probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+class TextStream:
+    """Incremental detokenisation with stop-string handling.
+
+    Decodes the whole generated id list each step (tokens that merge into one character are then right)
+    and holds back any tail that could still become a stop string.
+    """
+
+    def __init__(self, tokenizer, params: SamplingParams):
+        self.tokenizer = tokenizer
+        self.stops = list(params.stop) + (["\n"] if params.stop_at_newline else [])
+        self.ids: list[int] = []
+        self.emitted = 0  # characters already handed out
+        self.text = ""
+        self.stopped = False
+
+    def push(self, token_id: int) -> str:
+        """Add one token; return the newly safe text (may be empty)."""
+        self.ids.append(token_id)
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the next token
+            return ""
+        for s in self.stops:
+            # a newline stops the answer only once the answer has started: leading newlines are skipped
+            start = len(text) - len(text.lstrip()) if s == "\n" else max(0, self.emitted - len(s))
+            at = text.find(s, start)
+            if at != -1:
+                self.stopped = True
+                text = text[:at]
+                break
+        safe = len(text)
+        if not self.stopped:
+            for s in self.stops:  # hold back a suffix that is a prefix of a stop string
+                for n in range(min(len(s) - 1, len(text)), 0, -1):
+                    if text.endswith(s[:n]):
+                        safe = min(safe, len(text) - n)
+                        break
+        delta = text[self.emitted : safe]
+        self.emitted = max(self.emitted, safe)
+        self.text = text[: self.emitted]
+        return delta
+
+    def flush(self) -> str:
+        if self.stopped:
+            return ""
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        delta = text[self.emitted :]
+        self.emitted = len(text)
+        self.text = text
+        return delta
+
+
+@torch.inference_mode()
+def decode(
+    model: torch.nn.Module,
+    cache: hf_compat.DynamicCache,
+    logits: torch.Tensor,  # (vocab,) logits of the last prompt token
+    next_pos: int,  # position of the first generated token
+    params: SamplingParams,
+    stop_ids: set[int],
+) -> Iterator[int]:
+    """Yield generated token ids (EOS excluded) until a stop condition; the caller handles stop strings."""
+    dev = logits.device
+    gen = None
+    if params.seed is not None:
+        gen = torch.Generator(device=dev).manual_seed(params.seed)
+    for step in range(params.max_new_tokens):
+        tok = pick(logits, params, gen)
+        if tok in stop_ids:
+            return
+        yield tok
+        if step + 1 == params.max_new_tokens:
+            return
+        ids = torch.tensor([[tok]], device=dev)
+        pos = torch.tensor([[next_pos + step]], device=dev)
+        logits = hf_compat.forward(model, ids, pos, cache, logits_to_keep=1)[0, -1]

@@ -1,0 +1,178 @@
+"""Chunk K/V caches: precompute behind the shared prefix, rotate to new positions, assemble.
+
+Position math (invariants: docs/ARCHITECTURE.md). Let the prefix have p tokens and chunk i have n_i tokens.
+
+- Precompute: chunk i is run at positions [p, p + n_i) with the prefix cache in front of it, so every
+  chunk sees the same attention sink and instruction that it will see at serving time. Only the chunk's
+  own K/V, shape (layers, kv_heads, n_i, head_dim), is kept.
+- Keys are stored after RoPE. RoPE is a rotation by angle pos * inv_freq, and rotations compose, so the
+  key of a token at position q rotated by d equals the key computed at position q + d. Values never change.
+- `reordered` (default): chunk i is rotated by d_i = n_0 + ... + n_{i-1}, so the assembled context has
+  contiguous positions p .. p + N - 1 as if it were one document; the question starts at p + N.
+- `composite`: every chunk keeps [p, p + n_i) (d_i = 0); the question starts after the longest chunk,
+  at p + max(n_i).
+
+Worked example: prefix 3 tokens, chunks of 4 and 2 tokens.
+    reordered: prefix 0..2 | chunk0 3..6 (d=0) | chunk1 7..8 (d=4) | question 9..
+    composite: prefix 0..2 | chunk0 3..6       | chunk1 3..4       | question 7..
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from turborag.core import hf_compat
+from turborag.store.chunk_kv import ChunkKV
+
+POSITION_MODES = ("reordered", "composite")
+
+
+def _stack(layers: list[hf_compat.KV], start: int, end: int, b: int = 0) -> ChunkKV:
+    """Per-layer cache tensors -> one ChunkKV of tokens [start, end) of batch row b."""
+    k = torch.stack([lk[b, :, start:end] for lk, _ in layers])  # (L, H, end-start, D)
+    v = torch.stack([lv[b, :, start:end] for _, lv in layers])  # (L, H, end-start, D)
+    return ChunkKV(k, v)
+
+
+def to_cache(parts: Sequence[ChunkKV], batch: int = 1) -> hf_compat.DynamicCache:
+    """Concatenate spans along time and wrap them as a model cache with a batch dim."""
+    k = torch.cat([p.k for p in parts], dim=2)  # (L, H, N, D)
+    v = torch.cat([p.v for p in parts], dim=2)  # (L, H, N, D)
+    layers = [
+        (k[i].unsqueeze(0).expand(batch, -1, -1, -1), v[i].unsqueeze(0).expand(batch, -1, -1, -1))
+        for i in range(k.shape[0])
+    ]
+    return hf_compat.new_cache(layers)
+
+
+def _grad_mode(grad: bool):
+    """Serving runs under inference_mode; training runs the very same code with autograd on."""
+    return torch.enable_grad() if grad else torch.inference_mode()
+
+
+def prefill_prefix(model: torch.nn.Module, prefix_ids: list[int], grad: bool = False) -> ChunkKV:
+    """K/V of the shared prefix at positions [0, p)."""
+    dev = next(model.parameters()).device
+    ids = torch.tensor([prefix_ids], device=dev)  # (1, p)
+    cache = hf_compat.new_cache()
+    with _grad_mode(grad):
+        hf_compat.forward(
+            model, ids, torch.arange(len(prefix_ids), device=dev)[None], cache, logits_to_keep=1
+        )
+        return _stack(hf_compat.cache_layers(cache), 0, len(prefix_ids))
+
+
+def precompute_chunks(
+    model: torch.nn.Module,
+    prefix: ChunkKV,
+    chunks: Sequence[list[int]],
+    batch_size: int = 4,
+    pad_id: int = 0,
+    on_batch=None,
+    grad: bool = False,
+) -> list[ChunkKV]:
+    """K/V of each chunk computed behind the prefix at positions [p, p + n_i); returns them in input order.
+
+    Chunks of similar length are batched together (sorted by length) and right-padded: under a causal mask,
+    padding after a chunk never changes the chunk's own K/V. `on_batch(n_tokens)` is called after each batch
+    (progress bars).
+    """
+    dev = next(model.parameters()).device
+    p = prefix.tokens
+    order = sorted(range(len(chunks)), key=lambda i: len(chunks[i]))
+    out: list[ChunkKV | None] = [None] * len(chunks)
+    prefix_dev = prefix.to(dev, next(model.parameters()).dtype)
+    for s in range(0, len(order), batch_size):
+        idx = order[s : s + batch_size]
+        width = max(len(chunks[i]) for i in idx)
+        if width == 0:
+            raise ValueError("cannot precompute an empty chunk")
+        ids = torch.full((len(idx), width), pad_id, dtype=torch.long, device=dev)  # (B, W)
+        for row, i in enumerate(idx):
+            ids[row, : len(chunks[i])] = torch.tensor(chunks[i], device=dev)
+        pos = torch.arange(p, p + width, device=dev)[None].expand(len(idx), -1)  # (B, W)
+        cache = to_cache([prefix_dev], batch=len(idx))
+        with _grad_mode(grad):
+            hf_compat.forward(model, ids, pos, cache, logits_to_keep=1)
+            layers = hf_compat.cache_layers(cache)
+            for row, i in enumerate(idx):
+                out[i] = _stack(layers, p, p + len(chunks[i]), b=row)
+        if on_batch is not None:
+            on_batch(sum(len(chunks[i]) for i in idx))
+    return out  # type: ignore[return-value]
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """The HF/NeoX RoPE pairing: dimension j is paired with j + D/2."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rotate_keys(k: torch.Tensor, delta: int, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Move keys by `delta` positions: k (L, H, T, D), inv_freq (L, D/2) fp64 -> (L, H, T, D).
+
+    Angles are formed in fp64 so that large shifts (tens of thousands of positions) lose no precision
+    before the cast to the key dtype.
+    """
+    if delta == 0:
+        return k
+    angle = delta * inv_freq.to(k.device)  # (L, D/2) fp64
+    angle = torch.cat((angle, angle), dim=-1)[:, None, None, :]  # (L, 1, 1, D)
+    cos, sin = angle.cos().to(k.dtype), angle.sin().to(k.dtype)
+    return k * cos + rotate_half(k) * sin
+
+
+def layout(lengths: Sequence[int], prefix_len: int, positions: str = "reordered") -> tuple[list[int], int]:
+    """Shift d_i of each chunk and the question's first position (see the module docstring)."""
+    if positions not in POSITION_MODES:
+        raise ValueError(f"unknown positions {positions!r}: use one of {POSITION_MODES}")
+    if positions == "composite":
+        return [0] * len(lengths), prefix_len + max(lengths, default=0)
+    shifts, total = [], 0
+    for n in lengths:
+        shifts.append(total)
+        total += n
+    return shifts, prefix_len + total
+
+
+def assemble(
+    prefix: ChunkKV, chunks: Sequence[ChunkKV], inv_freq: torch.Tensor, positions: str = "reordered"
+) -> tuple[hf_compat.DynamicCache, int]:
+    """Prefix cache + re-positioned chunk caches -> (model cache, position of the first question token).
+
+    Differentiable (plain concatenation): the training path. Serving uses `assemble_into`, which gives the
+    same tensors written straight into preallocated buffers.
+    """
+    shifts, next_pos = layout([c.tokens for c in chunks], prefix.tokens, positions)
+    parts = [prefix] + [ChunkKV(rotate_keys(c.k, d, inv_freq), c.v) for c, d in zip(chunks, shifts)]
+    return to_cache(parts), next_pos
+
+
+def assemble_into(
+    prefix: ChunkKV,
+    chunks: Sequence[ChunkKV],
+    inv_freq: torch.Tensor,
+    positions: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    reserve: int,
+) -> tuple[hf_compat.DynamicCache, int]:
+    """Serving assembly: each chunk is cast, rotated and written once into per-layer buffers with `reserve`
+    spare tokens for the question and the answer, so neither assembly nor decoding copies the context again.
+    """
+    shifts, next_pos = layout([c.tokens for c in chunks], prefix.tokens, positions)
+    n = prefix.tokens + sum(c.tokens for c in chunks)
+    layers, kv_heads, _, head_dim = prefix.k.shape
+    k_buf = torch.empty(layers, 1, kv_heads, n + reserve, head_dim, device=device, dtype=dtype)
+    v_buf = torch.empty_like(k_buf)  # (L, 1, H, capacity, D)
+    start = 0
+    for part, d in [(prefix, 0)] + list(zip(chunks, shifts)):
+        end = start + part.tokens
+        k = part.k.to(device=device, dtype=dtype, non_blocking=True)  # (L, H, T, D)
+        k_buf[:, 0, :, start:end] = rotate_keys(k, d, inv_freq)
+        v_buf[:, 0, :, start:end] = part.v  # cast on copy
+        start = end
+    buffers = [(k_buf[i], v_buf[i]) for i in range(layers)]
+    return hf_compat.buffered_cache(layers, buffers, n, reserve), next_pos

@@ -1,0 +1,1 @@
+"""Evaluation: accuracy and TTFT of every mode on the same questions, and answer scoring."""

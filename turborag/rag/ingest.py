@@ -1,0 +1,333 @@
+"""`turborag ingest`: files -> documents -> chunks -> KV caches + embeddings -> catalog; incremental and
+resumable.
+
+One pass:
+1. Find the files under the given paths; read each one and compare its sha256 with the catalog. An unchanged
+   file is not even parsed: nothing is computed for it (its chunks' caches are only checked to exist, and a
+   missing one is recomputed: that is how `cache verify` damage gets repaired).
+2. Parse changed and new files into documents (a JSONL file holds many). A document whose text did not change
+   keeps its chunks; a changed one is re-chunked.
+3. Compute the caches of the new chunks in groups of about `group` chunks (a few docs at a time, so small
+   documents still share forward batches), embed the chunks, and commit each document to the catalog in its
+   own transaction *after* its caches are on disk. Then delete the cache files no chunk refers to any more.
+4. Optionally prune documents whose file is gone; refresh the index snapshot.
+
+Why this is resumable: the engine skips chunks whose cache file already exists and stores each forward group
+as it goes, so after kill -9 a rerun recomputes at most the group that was in flight; documents committed
+before the kill are unchanged files on the rerun, and documents that were not committed are simply redone
+(their caches are found on disk). The catalog never names a cache that was not written.
+
+Errors: a disk-full or permission error stops the run with `StoreWriteError`; everything committed before it
+stays and the store remains readable.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from turborag.core.engine import Engine
+from turborag.rag import loaders
+from turborag.rag.chunker import Chunk, Chunker
+from turborag.rag.embed import DIM, Embedder, VectorIndex
+from turborag.store.catalog import Catalog, NewChunk
+
+log = logging.getLogger(__name__)
+
+INDEX_FILE = "index.safetensors"
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EFBIG}
+
+
+class StoreWriteError(Exception):
+    """Writing the store failed (disk full, permissions); the message says what to do. Nothing committed
+    before the failure is lost."""
+
+
+@dataclass
+class IngestResult:
+    documents: int = 0  # documents found under the given paths (new, changed and unchanged)
+    chunks: int = 0  # their chunks
+    new_chunks: int = 0  # chunk ids added to the catalog in this run
+    removed_chunks: int = 0  # chunk ids removed (changed or pruned documents)
+    tokens: int = 0  # chunk tokens whose KV was computed in this run
+    seconds: float = 0.0
+    cache_bytes: int = 0  # bytes of cache files written in this run
+    computed_chunks: int = 0  # caches computed (new chunks whose cache was not on disk + repairs)
+    repaired_caches: int = 0  # caches of unchanged chunks that were missing and recomputed
+    unchanged_documents: int = 0
+    pruned_documents: int = 0
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        """The `--json` shape of `turborag ingest`."""
+        keys = ("documents", "chunks", "new_chunks", "removed_chunks", "tokens", "seconds", "cache_bytes")
+        return {k: getattr(self, k) for k in keys}
+
+
+@dataclass
+class _Pending:
+    doc: loaders.Document
+    chunks: list[Chunk]
+    keys: list[str]  # cache key of each chunk
+    sizes: list[int]  # tokens of each chunk as the prompt holds it ("Passage: ...")
+
+
+class Progress:
+    """What ingest reports while it computes; the CLI draws a bar from it (chunks, tokens/s, ETA)."""
+
+    def start(self, chunks: int, tokens: int) -> None: ...
+
+    def advance(self, chunks: int, tokens: int) -> None: ...
+
+    def stop(self) -> None: ...
+
+
+def _write_error(e: BaseException, root: Path) -> StoreWriteError | None:
+    if isinstance(e, sqlite3.OperationalError) and any(
+        s in str(e) for s in ("disk is full", "readonly", "unable to open", "disk I/O")
+    ):
+        reason = str(e)
+    elif isinstance(e, OSError) and e.errno in _WRITE_ERRNOS:
+        reason = f"{os.strerror(e.errno)}" + (f": {e.filename}" if e.filename else "")
+    else:
+        return None
+    if "full" in reason.lower() or (isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)):
+        todo = (
+            f"free some disk space (`turborag cache gc --store {root}` drops unused caches) "
+            "and run the same command again to finish"
+        )
+    else:
+        todo = f"make {root} writable (or choose another --store) and run the same command again to finish"
+    return StoreWriteError(
+        f"could not write the store at {root} ({reason}). Everything ingested before this point is kept and "
+        f"the store is readable; {todo}."
+    )
+
+
+class Ingestor:
+    def __init__(
+        self,
+        engine: Engine,
+        catalog: Catalog,
+        embedder: Embedder,
+        chunker: Chunker,
+        group: int | None = None,
+        progress: Progress | None = None,
+    ):
+        self.engine = engine
+        self.catalog = catalog
+        self.embedder = embedder
+        self.chunker = chunker
+        self.group = group or engine.batch_size * 8  # = one store group of Engine.precompute
+        self.progress = progress or Progress()
+
+    def run(self, paths: Sequence[str | Path], prune: bool = False) -> IngestResult:
+        """Ingest `paths`. Raises FileNotFoundError (a path does not exist) before writing anything."""
+        t0 = time.perf_counter()
+        res = IngestResult()
+        report = loaders.LoadReport()
+        files = loaders.find_files(paths, report)
+        try:
+            with self.catalog.write_lock():
+                pending, repairs = self._scan(files, report, res)
+                self._compute(pending, repairs, res)
+                if prune:
+                    self._prune(paths, files, res)
+                self._free_caches()
+                refresh_index(self.catalog)
+        except (OSError, sqlite3.OperationalError) as e:
+            err = _write_error(e, self.catalog.root)
+            if err is None:
+                raise
+            raise err from e
+        finally:
+            self.progress.stop()
+        res.skipped, res.warnings = report.skipped, report.warnings
+        res.seconds = round(time.perf_counter() - t0, 3)
+        return res
+
+    # -- 1 + 2: what changed ---------------------------------------------------------------------
+
+    def _scan(self, files: list[Path], report: loaders.LoadReport, res: IngestResult):
+        pending: list[_Pending] = []
+        unchanged_docs: list[str] = []
+        for path in files:
+            known = self.catalog.documents_by_path(str(path))
+            src = loaders.read_source(path, report)
+            if src is None:
+                continue  # unreadable now: keep what the catalog has (it may be a passing permission issue)
+            if known and all(fh == src.file_hash for fh, _ in known.values()):
+                unchanged_docs.extend(known)
+                continue
+            docs = loaders.parse(src, report)
+            gone = set(known) - {d.doc_id for d in docs}
+            if gone:  # records dropped from a JSONL file, or the file is now empty
+                res.removed_chunks += self.catalog.remove_documents(gone)
+            for doc in docs:
+                old = known.get(doc.doc_id)
+                if old and old[1] == doc.content_hash:
+                    self.catalog.touch_document(doc.doc_id, doc.file_hash)
+                    unchanged_docs.append(doc.doc_id)
+                    continue
+                chunks = self.chunker.chunk(doc.doc_id, doc.text)
+                ids = [self.engine.layout.chunk_ids(c.text) for c in chunks]
+                pending.append(
+                    _Pending(doc, chunks, [self.engine.key(i) for i in ids], [len(i) for i in ids])
+                )
+        res.unchanged_documents = len(unchanged_docs)
+        res.documents = len(unchanged_docs) + len(pending)
+        repairs: list[str] = []  # keys of unchanged chunks whose cache file is missing
+        for _doc_id, key, _tokens in self.catalog.cache_keys_of(unchanged_docs):
+            res.chunks += 1
+            if key not in self.engine.store:
+                repairs.append(key)
+        res.chunks += sum(len(p.chunks) for p in pending)
+        return pending, list(dict.fromkeys(repairs))
+
+    # -- 3: compute, embed, commit ---------------------------------------------------------------
+
+    def _compute(self, pending: list[_Pending], repairs: list[str], res: IngestResult) -> None:
+        store = self.engine.store
+        repair_items = self._repair_items(repairs) if repairs else []
+        todo = {k: n for p in pending for k, n in zip(p.keys, p.sizes) if k not in store}
+        todo.update((k, n) for k, _, n in repair_items)
+        self.progress.start(len(todo), sum(todo.values()))
+
+        if repair_items:
+            log.warning("%d chunk caches were missing or damaged; recomputing them", len(repair_items))
+            self._precompute(repair_items, res)
+            res.repaired_caches = len(repair_items)
+            for k, _, _ in repair_items:
+                self.catalog.set_cache_bytes(k, _size(store.path(k)))
+
+        group: list[_Pending] = []
+        for p in pending:
+            group.append(p)
+            if sum(len(g.chunks) for g in group) >= self.group:
+                self._commit_group(group, res)
+                group = []
+        if group:
+            self._commit_group(group, res)
+
+    def _repair_items(self, keys: list[str]) -> list[tuple[str, str, int]]:
+        q = "SELECT text FROM chunks WHERE cache_key = ?"
+        out = []
+        for k in keys:
+            row = self.catalog.db.execute(q, (k,)).fetchone()
+            if row:
+                out.append((k, row[0], len(self.engine.layout.chunk_ids(row[0]))))
+        return out
+
+    def _precompute(self, items: list[tuple[str, str, int]], res: IngestResult) -> None:
+        """Compute the caches of (key, text, tokens) items not on disk yet, reporting progress per batch."""
+        store, bs = self.engine.store, self.engine.batch_size
+        todo = list({k: t for k, t, _ in items if k not in store}.items())
+        # Engine.precompute stores every `bs * 8` chunks and runs them by length, `bs` at a time: call it with
+        # one such group at a time, so that each on_batch call stands for min(bs, chunks left) chunks.
+        for s in range(0, len(todo), bs * 8):
+            part = todo[s : s + bs * 8]
+            left = [len(part)]
+
+            def on_batch(n_tokens: int, left=left) -> None:
+                n = min(bs, left[0])
+                left[0] -= n
+                self.progress.advance(n, n_tokens)
+
+            chunks, tokens = self.engine.precompute([t for _, t in part], on_batch=on_batch)
+            res.computed_chunks += chunks
+            res.tokens += tokens
+            res.cache_bytes += sum(_size(store.path(k)) for k, _ in part)
+
+    def _commit_group(self, group: list[_Pending], res: IngestResult) -> None:
+        self._precompute([(k, c.text, n) for p in group for c, k, n in zip(p.chunks, p.keys, p.sizes)], res)
+        unique = list(dict.fromkeys(c.text for p in group for c in p.chunks))  # a repeated text: embed once
+        vectors = dict(zip(unique, self.embedder.encode(unique)))  # text -> (384,) float32
+        for p in group:
+            new = []
+            for c, key in zip(p.chunks, p.keys):
+                emb, size = vectors[c.text].tobytes(), _size(self.engine.store.path(key))
+                new.append(NewChunk(c.chunk_id, c.ordinal, c.text, c.tokens, c.hash, key, emb, size))
+            added, removed = self.catalog.replace_document(
+                p.doc.doc_id, p.doc.path, p.doc.file_hash, p.doc.content_hash, new
+            )
+            res.new_chunks += added
+            res.removed_chunks += removed
+
+    # -- 4: prune, free, index -------------------------------------------------------------------
+
+    def _prune(self, paths: Sequence[str | Path], files: list[Path], res: IngestResult) -> None:
+        found = {str(f) for f in files}
+        roots = [str(Path(p).expanduser().resolve()) for p in paths]
+        gone = set()
+        for path in self.catalog.paths():
+            if path in found:
+                continue
+            under = any(path == r or path.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
+            if under or not os.path.exists(path):
+                gone.add(path)
+        doc_ids = [d for path in sorted(gone) for d in self.catalog.documents_under(path)]
+        res.pruned_documents = len(doc_ids)
+        res.removed_chunks += self.catalog.remove_documents(doc_ids)
+
+    def _free_caches(self) -> None:
+        free_caches(self.catalog, self.engine.store)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def free_caches(catalog: Catalog, kv) -> int:
+    """Delete the cache files that no chunk refers to any more; returns bytes freed."""
+    freed = 0
+    for key in catalog.drop_unreferenced_entries():
+        path = kv.path(key)
+        freed += _size(path)
+        path.unlink(missing_ok=True)
+    return freed
+
+
+def remove(catalog: Catalog, kv, paths: Sequence[str | Path]) -> tuple[int, int]:
+    """`turborag remove PATH...`: drop the documents from these files or folders (whether or not they still
+    exist on disk) and their caches. Returns (documents, chunks) removed."""
+    with catalog.write_lock():
+        doc_ids = []
+        for p in paths:
+            doc_ids.extend(catalog.documents_under(str(Path(p).expanduser().resolve())))
+        chunks = catalog.remove_documents(doc_ids)
+        free_caches(catalog, kv)
+        return len(doc_ids), chunks
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the index snapshot
+
+
+def refresh_index(catalog: Catalog) -> VectorIndex:
+    """The catalog's current index: the snapshot if its generation matches, else rebuilt from the catalog's
+    vectors (and saved, when the store is writable)."""
+    path = catalog.root / INDEX_FILE
+    gen = catalog.generation
+    index = VectorIndex.load(path, gen)
+    if index is not None:
+        return index
+    rowids, blobs = catalog.embeddings()
+    vectors = np.frombuffer(b"".join(blobs), np.float32).reshape(len(blobs), DIM)  # (N, 384)
+    index = VectorIndex(np.array(rowids, np.int64), vectors)
+    try:
+        index.save(path, gen)
+    except OSError as e:
+        log.warning("could not save the index snapshot %s (%s); using it from memory", path, e)
+    return index

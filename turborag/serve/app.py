@@ -1,0 +1,49 @@
+"""OpenAI-compatible HTTP server (FastAPI): point an `openai` client's base URL here; RAG answers start fast.
+
+Request path: HTTP handler (event loop: validate, authenticate, enqueue) -> ModelWorker thread (retrieve,
+assemble caches, prefill the question, decode) -> tokens back to the handler -> JSON or SSE.
+
+- `POST /v1/chat/completions`: the last user message is the question. With a store, the top-k chunks are
+  retrieved and answered in turbo mode by default. Extension field `turborag`:
+  `{"mode": ..., "top_k": int, "contexts": [str], "retrieve": bool}`; `contexts` replaces retrieval,
+  `retrieve: false` (or a server without a store) answers the conversation as a plain prompt with prompt
+  caching (core/prefix_cache.py). `usage.prompt_tokens_details.cached_tokens` counts prompt tokens served
+  from precomputed caches; the response names the chunks used (`turborag.chunks`).
+- `POST /v1/completions`: a plain prompt, prompt-cached. `GET /v1/models`.
+- `POST /v1/documents`, `GET /v1/documents`, `DELETE /v1/documents/{id}`.
+- `GET /health`, `GET /metrics` (Prometheus text format).
+
+Errors use OpenAI's body `{"error": {"message", "type", "param", "code"}}` and never carry a stack trace.
+
+Where things are: request bodies and limits in schemas.py; errors, body parsing and the guard middleware
+(size, API key) in errors.py; the state shared by the routes in state.py; response and SSE shaping in
+responses.py; the routes in openai_routes.py, monitoring_routes.py and documents_routes.py.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from turborag.serve import documents_routes, monitoring_routes, openai_routes
+from turborag.serve.errors import APIError, api_error_handler, guard
+from turborag.serve.schemas import MAX_BODY_BYTES
+from turborag.serve.state import Backend, ServerState
+
+
+def create_app(
+    backend: Backend, api_key: str | None = None, max_queue: int = 64, max_body_bytes: int = MAX_BODY_BYTES
+) -> FastAPI:
+    """An app serving `backend`; it starts its own model worker thread."""
+    app = FastAPI(title="turborag", docs_url=None, redoc_url=None)
+    state = ServerState(backend, api_key, max_queue, max_body_bytes)
+    app.state.server = state
+    # the same objects under their own names, for tests and benchmarks that watch (or patch) the worker
+    app.state.worker, app.state.metrics, app.state.backend = state.worker, state.metrics, backend
+    app.middleware("http")(guard)
+    app.add_exception_handler(APIError, api_error_handler)
+    for routes in (openai_routes, monitoring_routes, documents_routes):  # the order of the OpenAPI paths
+        app.include_router(routes.router)
+    return app
+
+
+__all__ = ["Backend", "create_app"]

@@ -1,0 +1,29 @@
+"""`GET /health` (liveness, queue depth, whether documents are served) and `GET /metrics` (Prometheus).
+
+Both are outside `/v1/`, so they need no API key: probes and scrapers do not hold one.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import PlainTextResponse
+
+from turborag.serve.state import StateDep
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health(state: StateDep):
+    return {
+        "status": "ok",
+        "model": state.backend.model_name,
+        "queue_depth": state.worker.depth,
+        "documents": state.backend.documents is not None,
+    }
+
+
+@router.get("/metrics")
+async def prometheus(state: StateDep):
+    text = state.metrics.exposition(state.worker.depth, state.engine)
+    return PlainTextResponse(text, media_type="text/plain; version=0.0.4")

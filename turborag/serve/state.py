@@ -1,0 +1,114 @@
+"""What the routes of one app share: the backend served, the model worker, metrics, the key and limits.
+
+One `ServerState` per app, kept on `app.state.server`; routes receive it through the `StateDep` dependency
+instead of closing over locals of `create_app`, so each route lives in the module of its concern.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+
+from turborag.core.engine import Engine, PromptTooLong
+from turborag.serve.errors import APIError
+from turborag.serve.metrics import Metrics
+from turborag.serve.worker import Job, ModelWorker, QueueFull
+
+
+@dataclass
+class Backend:
+    """What the server serves: an engine, and optionally a store with retrieval and document management."""
+
+    engine: Engine
+    model_name: str
+    retriever: Any = None  # has .search(question, k) -> hits; a turborag.serve.store_backend.StoreBackend
+    documents: Any = None  # has .add/.list/.delete; a turborag.serve.store_backend.StoreBackend
+    default_max_tokens: int = 64
+    extras: dict = field(default_factory=dict)
+
+
+@dataclass
+class Started:
+    """A queued job whose first item has arrived (`first` is None if the job yielded nothing)."""
+
+    job: Job
+    first: Any
+    rest: AsyncIterator
+
+    async def items(self):
+        """Every item of the job, the first one included."""
+        if self.first is not None:
+            yield self.first
+        async for it in self.rest:
+            yield it
+
+
+class ServerState:
+    def __init__(self, backend: Backend, api_key: str | None, max_queue: int, max_body_bytes: int):
+        self.worker = ModelWorker(max_queue)
+        self.metrics = Metrics()
+        self.backend = backend
+        self.engine = backend.engine
+        self.api_key = api_key
+        self.max_body_bytes = max_body_bytes
+
+    def check_model(self, name: str) -> None:
+        """Accept the served model's name, or "turborag" for a client that does not know it."""
+        if name not in (self.backend.model_name, "turborag"):
+            raise APIError(
+                404,
+                f"model {name!r} not found; this server serves {self.backend.model_name!r}",
+                code="model_not_found",
+                param="model",
+            )
+
+    def documents(self) -> Any:
+        """The document store, or a 404 on a server started without one."""
+        if self.backend.documents is None:
+            raise APIError(404, "this server has no document store (start it with --store)", code="no_store")
+        return self.backend.documents
+
+    def update_queue_depth(self) -> None:
+        self.metrics.queue_depth.set(self.worker.depth)
+
+    async def start(self, run: Callable[[], Iterator]) -> Started:
+        """Queue a job; await its first item so that request errors become HTTP errors, not broken streams."""
+        try:
+            job = self.worker.submit(run)
+        except QueueFull:
+            raise APIError(
+                503,
+                "the model is busy: queue full, retry shortly",
+                "server_error",
+                "queue_full",
+                headers={"Retry-After": "1"},
+            ) from None
+        self.update_queue_depth()
+        items = job.items()
+        try:
+            first = await items.__anext__()
+        except PromptTooLong as e:
+            raise APIError(400, str(e), code="context_length_exceeded") from None
+        except ValueError as e:
+            raise APIError(400, str(e)) from None
+        except StopAsyncIteration:
+            first = None
+        return Started(job, first, items)
+
+    async def call(self, fn: Callable[[], Any]) -> Any:
+        """`fn()` run on the worker thread, for work that must not run on the event loop or must own the
+        store's connections (which belong to the worker thread)."""
+        started = await self.start(lambda: iter([fn()]))
+        started.job.cancel()
+        return started.first
+
+
+async def get_state(request: Request) -> ServerState:
+    """Dependency; async so that FastAPI calls it on the event loop rather than in its thread pool."""
+    return request.app.state.server
+
+
+StateDep = Annotated[ServerState, Depends(get_state)]

@@ -1,0 +1,279 @@
+"""Cache-aware fine-tuning (TurboRAG's recipe): training is serving with gradients.
+
+For each example the loss is computed by the serving path itself with autograd on:
+prefix K/V -> each chunk's K/V behind the prefix (`kv.precompute_chunks`) -> re-positioned and assembled
+(`kv.assemble`) -> question + answer on top -> cross-entropy on the answer tokens only. So every chunk
+attends only to the prefix and itself (the independent-attention mask), the question and answer attend to
+everything, and positions are exactly what serving uses; training and serving cannot drift.
+
+`causal=True` trains the same model the ordinary way (whole prompt, causal mask): the fair "naive RAG"
+baseline the paper compares against.
+
+LoRA (peft) by default, full fine-tuning as an option. Checkpoints (adapter or weights + AdamW state as
+safetensors, never pickle) every `save_every` steps; a killed run resumes from the latest one and sees the
+same data stream, because example order is a pure function of (seed, step).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from turborag.core import hf_compat, kv
+from turborag.core.model import LoadedModel, layer_inv_freq
+from turborag.core.prompt import PromptLayout
+
+log = logging.getLogger(__name__)
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+@dataclass
+class TrainConfig:
+    data: str
+    out: str
+    model: str = "gemma-3-270m"  # fine-tunes start from the base model
+    lora: bool = True
+    causal: bool = False
+    positions: str = "reordered"
+    steps: int = 500
+    batch: int = 4  # examples per optimizer step (gradient accumulation)
+    lr: float = 2e-4
+    rank: int = 16
+    alpha: int = 32
+    warmup: int = 20
+    seed: int = 0
+    save_every: int = 25
+    template: str = "auto"
+    max_passage_tokens: int = 256  # longer passages are truncated (keeps step time bounded)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the loss = the serving path with gradients
+
+
+def answer_ids(tokenizer, answer: str) -> list[int]:
+    """Target tokens: ' <answer>' then a newline, the end-of-answer mark the QA decoder stops on."""
+    return list(tokenizer(f" {answer.strip()}\n", add_special_tokens=False)["input_ids"])
+
+
+def serving_logits(
+    model: torch.nn.Module,
+    inv_freq: torch.Tensor,  # (layers, head_dim/2)
+    prefix: list[int],
+    chunks: Sequence[list[int]],
+    tail: list[int],  # question suffix + answer tokens
+    causal: bool = False,
+    positions: str = "reordered",
+) -> torch.Tensor:
+    """Logits (len(tail), vocab) for `tail`, computed exactly as serving computes them (with autograd).
+
+    turbo: prefix K/V, chunk K/V behind it (independent), re-positioned, then the tail on top.
+    causal: one ordinary forward over prefix + chunks + tail (what `full` mode serves).
+    """
+    dev = next(model.parameters()).device
+    if causal:
+        ids = prefix + [t for c in chunks for t in c] + tail
+        x = torch.tensor([ids], device=dev)  # (1, T)
+        logits = hf_compat.forward(model, x, torch.arange(len(ids), device=dev)[None], hf_compat.new_cache())
+        return logits[0, -len(tail) :]
+    prefix_kv = kv.prefill_prefix(model, prefix, grad=True)
+    chunk_kv = kv.precompute_chunks(model, prefix_kv, chunks, batch_size=len(chunks), grad=True)
+    cache, next_pos = kv.assemble(prefix_kv, chunk_kv, inv_freq, positions)
+    x = torch.tensor([tail], device=dev)  # (1, S)
+    logits = hf_compat.forward(
+        model, x, torch.arange(next_pos, next_pos + len(tail), device=dev)[None], cache
+    )
+    return logits[0]
+
+
+def example_loss(
+    model, inv_freq, layout: PromptLayout, ex: dict, cfg: TrainConfig
+) -> tuple[torch.Tensor, int]:
+    """Mean cross-entropy over the answer tokens of one example; returns (loss, answer tokens)."""
+    tok = layout.tokenizer
+    chunks = [layout.chunk_ids(c)[: cfg.max_passage_tokens] for c in ex["contexts"]]
+    suffix = layout.suffix_ids(ex["question"])
+    target = answer_ids(tok, ex["answers"][0])
+    tail = suffix + target
+    logits = serving_logits(model, inv_freq, layout.prefix_ids(), chunks, tail, cfg.causal, cfg.positions)
+    # logits at position j predict tail[j + 1]: the answer starts at len(suffix)
+    pred = logits[len(suffix) - 1 : -1]  # (A, vocab)
+    loss = F.cross_entropy(pred.float(), torch.tensor(target, device=pred.device))
+    return loss, len(target)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# data, checkpoints
+
+
+def load_train_data(path: str | Path) -> list[dict]:
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            obj = json.loads(line)
+            if not obj.get("question") or not obj.get("answers") or not obj.get("contexts"):
+                raise ValueError(f"{path}:{n}: needs question, answers and contexts")
+            rows.append(obj)
+    if not rows:
+        raise ValueError(f"{path}: no training examples")
+    return rows
+
+
+def batch_for_step(n_examples: int, step: int, batch: int, seed: int) -> list[int]:
+    """Example indices of a step: epoch-wise shuffles, a pure function of (seed, step) so resume is exact."""
+    out = []
+    for i in range(step * batch, (step + 1) * batch):
+        epoch, j = divmod(i, n_examples)
+        order = list(range(n_examples))
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+        out.append(order[j])
+    return out
+
+
+def _trainable(model) -> dict[str, torch.nn.Parameter]:
+    return {n: p for n, p in model.named_parameters() if p.requires_grad}
+
+
+def save_checkpoint(
+    out: Path, step: int, model, opt: torch.optim.Optimizer, cfg: TrainConfig, losses: list
+) -> None:
+    """Write ckpt-<step> fully, then point `latest` at it (atomic rename), then drop older checkpoints."""
+    params = _trainable(model)
+    tmp = out / f".ckpt-{step}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file({n: p.detach().cpu().contiguous() for n, p in params.items()}, tmp / "trainable.safetensors")
+    state = {}
+    name_of = {id(p): n for n, p in params.items()}
+    for p, st in opt.state.items():
+        n = name_of[id(p)]
+        for k, v in st.items():
+            state[f"{n}::{k}"] = (v if torch.is_tensor(v) else torch.tensor(v)).detach().cpu().contiguous()
+    save_file(state, tmp / "optimizer.safetensors")
+    (tmp / "state.json").write_text(json.dumps({"step": step, "config": asdict(cfg), "losses": losses}))
+    final = out / f"ckpt-{step}"
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    latest_tmp = out / ".latest.tmp"
+    latest_tmp.write_text(final.name)
+    os.replace(latest_tmp, out / "latest")
+    for old in out.glob("ckpt-*"):
+        if old != final:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def load_checkpoint(out: Path, model, opt: torch.optim.Optimizer) -> tuple[int, list]:
+    """Restore the latest checkpoint if any; returns (next step, loss history)."""
+    latest = out / "latest"
+    if not latest.exists():
+        return 0, []
+    ck = out / latest.read_text().strip()
+    params = _trainable(model)
+    weights = load_file(ck / "trainable.safetensors")
+    with torch.no_grad():
+        for n, p in params.items():
+            p.copy_(weights[n])
+    saved = load_file(ck / "optimizer.safetensors")
+    for n, p in params.items():
+        st = {k.split("::", 1)[1]: v for k, v in saved.items() if k.split("::", 1)[0] == n}
+        if st:
+            opt.state[p] = st
+    meta = json.loads((ck / "state.json").read_text())
+    return meta["step"], meta["losses"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the loop
+
+
+def prepare_model(lm: LoadedModel, cfg: TrainConfig) -> torch.nn.Module:
+    """LoRA-wrap (default) or unfreeze everything; training runs in fp32."""
+    model = lm.model.float()
+    model.train()
+    if not cfg.lora:
+        for p in model.parameters():
+            p.requires_grad_(True)
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    lcfg = LoraConfig(
+        r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=0.0, target_modules=LORA_TARGETS, task_type="CAUSAL_LM"
+    )
+    return get_peft_model(model, lcfg)
+
+
+def finetune(lm: LoadedModel, cfg: TrainConfig, progress: bool = True) -> Path:
+    """Train, checkpointing as it goes; writes the final model folder to `cfg.out/model`."""
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data = load_train_data(cfg.data)
+    torch.manual_seed(cfg.seed)
+    inv_freq = torch.stack(layer_inv_freq(lm.model))
+    layout = PromptLayout(lm.tokenizer, cfg.template)
+    model = prepare_model(lm, cfg)
+    params = list(_trainable(model).values())
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    start, losses = load_checkpoint(out, model, opt)
+    if start:
+        log.warning("resuming from step %d", start)
+
+    def lr_at(step: int) -> float:  # linear warm-up, cosine decay to 10%
+        if step < cfg.warmup:
+            return cfg.lr * (step + 1) / cfg.warmup
+        frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+        return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
+
+    bar = tqdm(total=cfg.steps, initial=start, desc="finetune", unit="step", disable=not progress)
+    t0 = time.perf_counter()
+    for step in range(start, cfg.steps):
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step)
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for i in batch_for_step(len(data), step, cfg.batch, cfg.seed):
+            loss, _ = example_loss(model, inv_freq, layout, data[i], cfg)
+            (loss / cfg.batch).backward()
+            total += loss.item() / cfg.batch
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        losses.append(round(total, 5))
+        bar.set_postfix(loss=f"{total:.3f}", avg20=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
+        bar.update(1)
+        if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
+            save_checkpoint(out, step + 1, model, opt, cfg, losses)
+    bar.close()
+    log.info("trained %d steps in %.0f s", cfg.steps - start, time.perf_counter() - t0)
+    return export(model, lm, cfg, out)
+
+
+def export(model, lm: LoadedModel, cfg: TrainConfig, out: Path) -> Path:
+    """Write `out/model`: an HF folder usable as `--model` everywhere (LoRA merged into the weights), plus
+    the small LoRA adapter alone under `out/adapter` for shipping."""
+    dest = out / "model"
+    if cfg.lora:
+        model.save_pretrained(out / "adapter")
+        (out / "adapter" / "turborag_finetune.json").write_text(json.dumps(asdict(cfg), indent=1))
+        merged = model.merge_and_unload()
+    else:
+        merged = model
+    merged.eval()
+    merged.save_pretrained(dest)
+    lm.tokenizer.save_pretrained(dest)
+    (dest / "turborag_finetune.json").write_text(json.dumps(asdict(cfg), indent=1))
+    return dest

@@ -1,0 +1,520 @@
+"""Synthetic multi-document QA over invented facts.
+
+A retrieval-augmented reader has to be evaluated on questions that only the given passages can answer;
+otherwise a model that memorised the answer during pretraining looks like a good reader.  Every entity and
+value here is built from random syllables, so the gold passage is the only place the answer can come from.
+The distractors are made to look as much like the gold passage as possible (same domain, same attribute,
+other entities with other values), plus a few from other domains, so that a model has to read the right
+passage instead of copying the first plausible value it sees.
+
+The domains themselves (entity kinds, attributes, questions, fact and filler sentences) are data, in
+turborag/data/synth_domains.json, read at import; this module holds the mechanism that invents names and
+values and assembles the records.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+from string import Formatter
+
+from turborag.eval.metrics import normalize_answer
+
+# Passages get filler sentences up to this length, so that they look like ordinary retrieved chunks.
+_MIN_WORDS = 40
+_MAX_SENTENCES = 4
+# Distractors are redrawn when they happen to mention the gold answer or entity; this bounds the redraws.
+_MAX_TRIES = 200
+
+
+@dataclass(frozen=True)
+class _Value:
+    """An attribute value: how the passage writes it, and the answer strings that count as correct."""
+
+    text: str
+    answers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Template:
+    """One attribute of a domain: the question, the ways of stating the fact, and how to invent a value."""
+
+    attribute: str
+    question: str  # formatted with e=entity
+    facts: tuple[str, ...]  # formatted with e=entity, v=value text
+    make_value: Callable[[random.Random], _Value]
+
+
+@dataclass(frozen=True)
+class _Domain:
+    """A kind of entity, its attributes, and filler sentences that say nothing about those attributes."""
+
+    name: str
+    make_entity: Callable[[random.Random], str]
+    templates: tuple[_Template, ...]
+    fillers: tuple[str, ...]  # formatted with e=entity
+
+
+# --- invented names --------------------------------------------------------------------------------------
+
+_ONSETS = (
+    "b",
+    "br",
+    "d",
+    "dr",
+    "f",
+    "g",
+    "gr",
+    "h",
+    "k",
+    "kr",
+    "l",
+    "m",
+    "n",
+    "p",
+    "qu",
+    "r",
+    "s",
+    "st",
+    "t",
+    "th",
+    "tr",
+    "v",
+    "z",
+)
+_MEDIAL_ONSETS = ("b", "d", "g", "k", "l", "m", "n", "r", "s", "t", "v", "z")  # clusters here read badly
+_VOWELS = ("a", "e", "i", "o", "u", "a", "e", "o", "ae", "ei", "ou")
+_MEDIAL_CODAS = ("l", "n", "r")
+_FINAL_CODAS = ("l", "n", "r", "s", "th", "k", "rk", "nd", "x", "ll", "v")
+_COLORS = (
+    "crimson",
+    "cobalt blue",
+    "emerald green",
+    "saffron",
+    "violet",
+    "silver",
+    "amber",
+    "turquoise",
+    "scarlet",
+    "ivory",
+    "charcoal grey",
+    "magenta",
+)
+
+
+def _word(rng: random.Random, min_syllables: int = 2, max_syllables: int = 3) -> str:
+    """A pronounceable made-up word such as "Quorvik", so that no model has seen facts about it."""
+    n = rng.randint(min_syllables, max_syllables)
+    syllables = []
+    for i in range(n):
+        onset = rng.choice(_ONSETS if i == 0 else _MEDIAL_ONSETS)
+        if i == n - 1:
+            coda = rng.choice(_FINAL_CODAS) if rng.random() < 0.6 else ""
+        else:
+            coda = rng.choice(_MEDIAL_CODAS) if rng.random() < 0.25 else ""
+        syllables.append(onset + rng.choice(_VOWELS) + coda)
+    return "".join(syllables).capitalize()
+
+
+def _with_suffix(*suffixes: str) -> Callable[[random.Random], str]:
+    """Entity maker for names like "Veltrano Dynamics": a made-up word plus a real-sounding kind."""
+    return lambda rng: f"{_word(rng)} {rng.choice(suffixes)}"
+
+
+def _with_prefix(*prefixes: str) -> Callable[[random.Random], str]:
+    """Entity maker for names like "Treaty of Quorvik"."""
+    return lambda rng: f"{rng.choice(prefixes)} {_word(rng)}"
+
+
+def _film_title(rng: random.Random) -> str:
+    """A made-up film title such as "The Velmora Inheritance"."""
+    return f"The {_word(rng)} {rng.choice(('Inheritance', 'Affair', 'Protocol', 'Covenant', 'Horizon'))}"
+
+
+def _compound(rng: random.Random) -> str:
+    """A made-up chemical name such as "Zerathine"."""
+    return _word(rng, 2, 2) + rng.choice(("ine", "ium", "ol", "ate", "ide", "ene"))
+
+
+# --- value makers ----------------------------------------------------------------------------------------
+
+
+def _person(*titles: str) -> Callable[[random.Random], _Value]:
+    """A made-up person; titled names also accept the bare name ("Dr. Ismena Throll" / "Ismena Throll")."""
+
+    def make(rng: random.Random) -> _Value:
+        name = f"{_word(rng)} {_word(rng, 1, 2)}"
+        if titles and rng.random() < 0.4:
+            titled = f"{rng.choice(titles)} {name}"
+            return _Value(titled, (name, titled))
+        return _Value(name, (name,))
+
+    return make
+
+
+def _name(rng: random.Random) -> _Value:
+    """A bare made-up name: a town, a product, a star."""
+    name = _word(rng)
+    return _Value(name, (name,))
+
+
+def _landmark(*kinds: str) -> Callable[[random.Random], _Value]:
+    """A named place like "Ostrel River"; the bare name is accepted too, as people drop the kind."""
+
+    def make(rng: random.Random) -> _Value:
+        name = _word(rng)
+        full = f"{name} {rng.choice(kinds)}"
+        return _Value(full, (full, name))
+
+    return make
+
+
+def _named(*kinds: str) -> Callable[[random.Random], _Value]:
+    """A made-up name followed by a kind ("Tornel root"), where the bare name alone would not be an answer."""
+
+    def make(rng: random.Random) -> _Value:
+        full = f"{_word(rng)} {rng.choice(kinds)}"
+        return _Value(full, (full,))
+
+    return make
+
+
+def _title(*patterns: str) -> Callable[[random.Random], _Value]:
+    """A made-up title such as "Songs of Quorvik"; patterns are formatted with w=word."""
+    for pattern in patterns:
+        if _fields(pattern) != {"w"}:
+            raise ValueError(f"title pattern {pattern!r} must use {{w}} and no other placeholder")
+
+    def make(rng: random.Random) -> _Value:
+        text = rng.choice(patterns).format(w=_word(rng))
+        return _Value(text, (text,))
+
+    return make
+
+
+def _number(low: int, high: int, step: int = 1) -> Callable[[random.Random], _Value]:
+    """A number written as digits, which is how a reader is expected to answer it."""
+    if step < 1 or low > high:
+        raise ValueError(f"a number range needs low <= high and step >= 1, got {low}, {high}, {step}")
+
+    def make(rng: random.Random) -> _Value:
+        text = str(rng.randint(low // step, high // step) * step)
+        return _Value(text, (text,))
+
+    return make
+
+
+def _color(rng: random.Random) -> _Value:
+    """A color word; the small set makes same-attribute distractors frequent and the task harder."""
+    color = rng.choice(_COLORS)
+    return _Value(color, (color,))
+
+
+# --- domains ---------------------------------------------------------------------------------------------
+
+_DATA_FILE = "data/synth_domains.json"
+_DOMAIN_KEYS = ("name", "entity", "templates", "fillers")
+_TEMPLATE_KEYS = ("attribute", "question", "facts", "value")
+
+
+@dataclass(frozen=True)
+class _Kind:
+    """A maker kind the data file may name: the factory that its arguments are passed to, and their shape."""
+
+    factory: Callable[..., Callable[[random.Random], object]]
+    arg_type: type = str
+    min_args: int = 0
+    max_args: int | None = None
+
+
+# The data file writes an entity or value maker as [kind, *arguments], e.g. ["suffix", "Labs", "Systems"] or
+# ["number", 1650, 2015]; kinds without arguments map to the plain maker function.
+_ENTITY_KINDS = {
+    "word": _Kind(lambda: _word, max_args=0),
+    "suffix": _Kind(_with_suffix, min_args=1),
+    "prefix": _Kind(_with_prefix, min_args=1),
+    "film_title": _Kind(lambda: _film_title, max_args=0),
+    "compound": _Kind(lambda: _compound, max_args=0),
+}
+_VALUE_KINDS = {
+    "person": _Kind(_person),
+    "name": _Kind(lambda: _name, max_args=0),
+    "landmark": _Kind(_landmark, min_args=1),
+    "named": _Kind(_named, min_args=1),
+    "title": _Kind(_title, min_args=1),
+    "number": _Kind(_number, arg_type=int, min_args=2, max_args=3),  # low, high, optional step
+    "color": _Kind(lambda: _color, max_args=0),
+}
+
+
+def _fields(text: str) -> set[str]:
+    """The {placeholders} of a sentence template."""
+    return {field for _, field, _, _ in Formatter().parse(text) if field is not None}
+
+
+def _braced(fields: set[str]) -> str:
+    """Placeholders as they are written in a template, for error messages: "{e}, {v}"."""
+    return ", ".join(f"{{{field}}}" for field in sorted(fields))
+
+
+def _maker(spec: object, kinds: dict[str, _Kind], where: str) -> Callable[[random.Random], object]:
+    """Build a maker from its [kind, *arguments] spec, checking the kind and the arguments."""
+    if not isinstance(spec, list) or not spec or spec[0] not in kinds:
+        raise ValueError(f"{where} must be [kind, *arguments], kind one of {', '.join(kinds)}; got {spec!r}")
+    kind, args = kinds[spec[0]], spec[1:]
+    if len(args) < kind.min_args or (kind.max_args is not None and len(args) > kind.max_args):
+        most = "any number" if kind.max_args is None else kind.max_args
+        raise ValueError(f"{where} {spec!r}: {spec[0]!r} takes {kind.min_args} to {most} arguments")
+    if any(type(arg) is not kind.arg_type for arg in args):  # `type is`, so that true is not taken for 1
+        raise ValueError(f"{where} {spec!r}: the arguments of {spec[0]!r} must be {kind.arg_type.__name__}s")
+    try:
+        return kind.factory(*args)
+    except ValueError as e:
+        raise ValueError(f"{where} {spec!r}: {e}") from None
+
+
+def _sentences(
+    raw: object, required: set[str], allowed: set[str], where: str, least: int = 1
+) -> tuple[str, ...]:
+    """Check a list of sentence templates: how many, and that they use exactly the placeholders they should.
+
+    A missing {v} in a fact would make a gold passage that does not state the answer, and a {v} in a filler a
+    KeyError in the middle of generation, so both are caught here instead.
+    """
+    if not isinstance(raw, list) or len(raw) < least or not all(isinstance(s, str) for s in raw):
+        raise ValueError(f"{where} must be a list of at least {least} strings")
+    for sentence in raw:
+        try:
+            fields = _fields(sentence)
+        except ValueError as e:  # unbalanced braces
+            raise ValueError(f"{where}: {sentence!r}: {e}") from None
+        if required - fields:
+            raise ValueError(f"{where}: {sentence!r} lacks {_braced(required - fields)}")
+        if fields - allowed:
+            raise ValueError(
+                f"{where}: {sentence!r} uses {_braced(fields - allowed)}; only {_braced(allowed)} here"
+            )
+    return tuple(raw)
+
+
+def _object(raw: object, keys: tuple[str, ...], where: str) -> dict:
+    """Check that an entry is an object with exactly the given keys, so that a misspelt key is not ignored."""
+    if not isinstance(raw, dict) or set(raw) != set(keys):
+        got = sorted(raw) if isinstance(raw, dict) else type(raw).__name__
+        raise ValueError(f"{where} must be an object with keys {', '.join(keys)}; got {got}")
+    return raw
+
+
+def _template(raw: object, where: str) -> _Template:
+    """One attribute of a domain from its data-file entry."""
+    raw = _object(raw, _TEMPLATE_KEYS, where)
+    for key in ("attribute", "question"):
+        if not isinstance(raw[key], str) or not raw[key]:
+            raise ValueError(f"{where}.{key} must be a non-empty string")
+    (question,) = _sentences([raw["question"]], {"e"}, {"e"}, f"{where}.question")
+    facts = _sentences(raw["facts"], {"e", "v"}, {"e", "v"}, f"{where}.facts")
+    return _Template(raw["attribute"], question, facts, _maker(raw["value"], _VALUE_KINDS, f"{where}.value"))
+
+
+def _domain(raw: object, index: int) -> _Domain:
+    """One domain from its data-file entry; any problem is reported with the domain's name."""
+    name = raw.get("name") if isinstance(raw, dict) else None
+    label = repr(name) if isinstance(name, str) and name else f"#{index}"
+    try:
+        raw = _object(raw, _DOMAIN_KEYS, "the entry")
+        if not isinstance(name, str) or not name:
+            raise ValueError("name must be a non-empty string")
+        if not isinstance(raw["templates"], list) or not raw["templates"]:
+            raise ValueError("templates must be a non-empty list")
+        templates = tuple(_template(t, f"templates[{i}]") for i, t in enumerate(raw["templates"]))
+        # A passage can take up to _MAX_SENTENCES - 1 distinct fillers.
+        fillers = _sentences(raw["fillers"], set(), {"e"}, "fillers", least=_MAX_SENTENCES - 1)
+        make_entity = _maker(raw["entity"], _ENTITY_KINDS, "entity")
+    except ValueError as e:
+        raise ValueError(f"synth domain {label}: {e}") from None
+    return _Domain(name, make_entity, templates, fillers)
+
+
+def _parse_domains(data: object) -> tuple[_Domain, ...]:
+    """Build the domains from the parsed data file, checking every entry so that mistakes fail loudly here."""
+    if not isinstance(data, dict) or not isinstance(data.get("domains"), list) or not data["domains"]:
+        raise ValueError('synth domain data must be an object with a non-empty "domains" list')
+    domains = tuple(_domain(raw, i) for i, raw in enumerate(data["domains"]))
+    names = [domain.name for domain in domains]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"synth domain(s) {', '.join(map(repr, duplicates))} defined more than once")
+    return domains
+
+
+def _load_domains() -> dict[str, _Domain]:
+    """The domains by name, in file order, from the data file shipped in the package."""
+    resource = files("turborag").joinpath(_DATA_FILE)
+    try:
+        domains = _parse_domains(json.loads(resource.read_text(encoding="utf-8")))
+    except ValueError as e:
+        raise ValueError(f"{resource}: {e}") from None
+    return {domain.name: domain for domain in domains}
+
+
+_DOMAINS = _load_domains()  # read once, at import: a few kB of JSON
+_DOMAIN_LIST = tuple(_DOMAINS.values())
+DOMAINS: tuple[str, ...] = tuple(_DOMAINS)
+
+
+# --- passages and records --------------------------------------------------------------------------------
+
+
+def _sentence(template: str, **fields: str) -> str:
+    """Fill a sentence template and capitalise it, since entities like "the Velmari moth" may come first."""
+    text = template.format(**fields)
+    return text[0].upper() + text[1:]
+
+
+def _passage(rng: random.Random, domain: _Domain, template: _Template, entity: str, value: _Value) -> str:
+    """2-4 sentences about one entity with the fact at a random position among filler sentences.
+
+    The fact moves around so that a reader cannot learn to look only at the first or last sentence.
+    """
+    pool = rng.sample(domain.fillers, len(domain.fillers))
+    fillers = [_sentence(f, e=entity) for f in pool[: rng.randint(1, _MAX_SENTENCES - 1)]]
+    fact = _sentence(rng.choice(template.facts), e=entity, v=value.text)
+    words = len(fact.split()) + sum(len(f.split()) for f in fillers)
+    while words < _MIN_WORDS and len(fillers) < _MAX_SENTENCES - 1:
+        extra = _sentence(pool[len(fillers)], e=entity)
+        fillers.append(extra)
+        words += len(extra.split())
+    position = rng.randint(0, len(fillers))
+    return " ".join(fillers[:position] + [fact] + fillers[position:])
+
+
+def _needles(strings: Sequence[str]) -> list[tuple[str, str]]:
+    """Prepare strings for `_mentions`: raw lower-case and space-padded normalised form (empty if none)."""
+    needles = []
+    for string in strings:
+        normalized = normalize_answer(string)
+        needles.append((string.lower(), f" {normalized} " if normalized else ""))
+    return needles
+
+
+def _mentions(text: str, needles: Sequence[tuple[str, str]]) -> bool:
+    """True if the text contains any needle, raw (case-insensitive) or as normalised whole words.
+
+    Both checks are needed: the raw one catches "1987" inside "19870", the normalised one catches
+    "The Velmora Letters" written as "a Velmora Letters".
+    """
+    lowered = text.lower()
+    padded = f" {normalize_answer(text)} "
+    return any(raw in lowered or (norm and norm in padded) for raw, norm in needles)
+
+
+def _distractor(
+    rng: random.Random,
+    domain: _Domain,
+    template: _Template,
+    forbidden: Sequence[tuple[str, str]],
+    used_entities: set[str],
+) -> str:
+    """A passage about a new entity that mentions none of the forbidden strings (gold answers and entity).
+
+    Without this check a distractor could accidentally state the gold value or talk about the gold entity,
+    which would make the question ambiguous or give it two conflicting answers.
+    """
+    for _ in range(_MAX_TRIES):
+        entity = domain.make_entity(rng)
+        if entity in used_entities:
+            continue
+        text = _passage(rng, domain, template, entity, template.make_value(rng))
+        if not _mentions(text, forbidden):
+            used_entities.add(entity)
+            return text
+    raise RuntimeError(f"could not build a distractor for domain {domain.name!r} in {_MAX_TRIES} tries")
+
+
+def _record(
+    rng: random.Random, gold_domains: Sequence[_Domain], contexts: int, answer_position: int | None
+) -> dict:
+    """One question with its gold passage hidden among contexts - 1 distractors."""
+    domain = rng.choice(gold_domains)
+    template = rng.choice(domain.templates)
+    entity = domain.make_entity(rng)
+    value = template.make_value(rng)
+    gold = _passage(rng, domain, template, entity, value)
+
+    forbidden = _needles((*value.answers, entity))
+    used = {entity}
+    n_distractors = contexts - 1
+    # Mostly same-attribute look-alikes (the hard case), about a third from other domains for realism.
+    n_other = n_distractors // 3
+    # Other-domain distractors come from the requested domains when there are several, so a training split
+    # never shows a held-out domain's passages; a single-domain (eval) split borrows from all the others.
+    others = [d for d in gold_domains if d is not domain]
+    others = others or [d for d in _DOMAIN_LIST if d is not domain]
+    distractors = [
+        _distractor(rng, domain, template, forbidden, used) for _ in range(n_distractors - n_other)
+    ]
+    for _ in range(n_other):
+        other = rng.choice(others)
+        distractors.append(_distractor(rng, other, rng.choice(other.templates), forbidden, used))
+    rng.shuffle(distractors)
+
+    position = rng.randrange(contexts) if answer_position is None else answer_position
+    return {
+        "question": template.question.format(e=entity),
+        "answers": list(value.answers),
+        "contexts": distractors[:position] + [gold] + distractors[position:],
+        "domain": domain.name,
+        "answer_index": position,
+    }
+
+
+def _gold_domains(domains: Sequence[str] | None) -> list[_Domain]:
+    """Resolve domain names, rejecting unknown ones so that a typo in a split does not go unnoticed."""
+    by_name = _DOMAINS
+    if domains is None:
+        return list(by_name.values())
+    names = [domains] if isinstance(domains, str) else list(domains)
+    if not names:
+        raise ValueError(f"domains must not be empty; choose from {', '.join(by_name)}")
+    unknown = [name for name in names if name not in by_name]
+    if unknown:
+        known = ", ".join(by_name)
+        raise ValueError(f"unknown domain(s) {', '.join(map(repr, unknown))}; choose from {known}")
+    return [by_name[name] for name in names]
+
+
+def generate(
+    n: int,
+    contexts: int,
+    seed: int = 0,
+    domains: Sequence[str] | None = None,
+    answer_position: int | None = None,
+) -> list[dict]:
+    """Generate n QA records, each with `contexts` passages of which exactly one answers the question.
+
+    Output is deterministic for a seed.  `domains` limits the domains of the questions and, when it names
+    several, of the other-domain distractors too; `answer_position` fixes where the gold passage goes, for
+    studies of position bias ("lost in the middle"), instead of a uniform random position.
+    """
+    if n < 1:
+        raise ValueError(f"n must be at least 1, got {n}")
+    if contexts < 1:
+        raise ValueError(f"contexts must be at least 1, got {contexts}")
+    if answer_position is not None and not 0 <= answer_position < contexts:
+        raise ValueError(f"answer_position must be in 0..{contexts - 1}, got {answer_position}")
+    gold_domains = _gold_domains(domains)
+    rng = random.Random(seed)
+    return [_record(rng, gold_domains, contexts, answer_position) for _ in range(n)]
+
+
+def write_jsonl(records: list[dict], path: str | Path) -> None:
+    """Write one JSON object per line (JSONL), so that large sets can be streamed and concatenated."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record, ensure_ascii=False) + "\n")
