@@ -165,7 +165,12 @@ def test_cache_stats_verify_gc_remove(ingested, env):
     orphan = kv[2].with_name("0" * 64 + ".safetensors")
     orphan.write_bytes(kv[2].read_bytes())
     r = runner.invoke(app, ["cache", "verify", "--json"])
-    assert r.exit_code == 1 and json.loads(r.stdout) == {"ok": len(kv) - 2, "missing": 1, "damaged": 1}
+    assert r.exit_code == 1 and json.loads(r.stdout) == {
+        "ok": len(kv) - 2,
+        "missing": 1,
+        "damaged": 1,
+        "formats": {"1": 0, "2": len(kv) - 2},
+    }
     assert "run `turborag ingest`" in r.stderr and not kv[0].exists()  # damaged file removed, never used
     assert _json(runner.invoke(app, ["cache", "gc", "--json"]))["files_removed"] == 1 and not orphan.exists()
     assert _json(runner.invoke(app, ["ingest", str(docs), "--json"]))["new_chunks"] == 0  # repairs both
@@ -173,6 +178,7 @@ def test_cache_stats_verify_gc_remove(ingested, env):
         "ok": len(kv),
         "missing": 0,
         "damaged": 0,
+        "formats": {"1": 0, "2": len(kv)},
     }
 
     r = runner.invoke(app, ["remove", str(docs / "bakery.txt"), "--json"])

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import mmap
+import os
+import zlib
+from pathlib import Path
+
+import pytest
 import torch
+from safetensors.torch import save as st_save
 
 from turborag.store.chunk_kv import ChunkKV
-from turborag.store.kv_store import KVStore, cache_key
+from turborag.store.kv_store import FILE_FORMAT, KEY_VERSION, KVStore, cache_key
 
 
 def _kv(seed=0, tokens=7) -> ChunkKV:
@@ -65,3 +73,253 @@ def test_key_depends_on_everything():
     assert base != cache_key("fp", [1, 2], [3, 5])
     assert base != cache_key("fp", [1, 2], [3, 4], dtype="float32")
     assert base == cache_key("fp", [1, 2], [3, 4])
+
+
+# -- format 2: per-layer tensors, per-tensor hashes, mmap reads ----------------------------------------------
+
+
+def _kv_layers(seed=0, layers=5, tokens=7) -> ChunkKV:
+    g = torch.Generator().manual_seed(seed)
+    shape = (layers, 2, tokens, 8)  # (L, H, T, D)
+    return ChunkKV(torch.randn(shape, generator=g), torch.randn(shape, generator=g))
+
+
+def _header(path) -> tuple[int, dict]:
+    blob = path.read_bytes()
+    n = int.from_bytes(blob[:8], "little")
+    return n, json.loads(blob[8 : 8 + n])
+
+
+def _write_format1(store: KVStore, key: str, kv: ChunkKV) -> None:
+    """A cache file exactly as the format-1 `put` wrote it: stacked `k`, `v` and a CRC32 of the data."""
+    tensors = {
+        "k": kv.k.to(store.torch_dtype).contiguous(),  # (L, H, T, D)
+        "v": kv.v.to(store.torch_dtype).contiguous(),  # (L, H, T, D)
+    }
+    plain = st_save(tensors)
+    n = int.from_bytes(plain[:8], "little")
+    crc = zlib.crc32(plain[8 + n :])
+    blob = st_save(tensors, metadata={"format": "turborag-kv", "version": "1", "crc32": str(crc)})
+    store.path(key).parent.mkdir(parents=True, exist_ok=True)
+    store.path(key).write_bytes(blob)
+
+
+def test_key_unchanged_by_file_format():
+    # Computed by the format-1 code before the file format changed: it guards existing stores, whose keys
+    # (and catalogs) must stay valid. Change it only with a new KEY_VERSION, knowing every store goes stale.
+    assert cache_key("fp", [1, 2], [3, 4]) == (
+        "e9c7e9cb5db4c2583e7eb5061c11a310550bf59db78d80cd44ddacc2024b673f"
+    )
+    assert (
+        cache_key("gemma-3-270m:abc", [2, 105, 2364], [818, 5279, 529, 506], dtype="bfloat16")
+        == "f83726008774eb90cc07ac90c546a0fc8317e494bec64520601b5668066a5f68"
+    )
+    assert KEY_VERSION == "1" and FILE_FORMAT == "2"
+
+
+def test_put_writes_format_2(tmp_path):
+    store = KVStore(tmp_path, dtype="bfloat16")
+    key = "a1" * 32
+    store.put(key, _kv_layers(layers=4, tokens=6))
+    _, header = _header(store.path(key))
+    meta = header.pop("__metadata__")
+    assert meta["format"] == "turborag-kv" and meta["version"] == "2"
+    assert meta["layers"] == "4" and meta["tokens"] == "6"
+    assert set(header) == {f"{kind}.{i}" for i in range(4) for kind in "kv"}
+    assert all(e["shape"] == [2, 6, 8] and e["dtype"] == "BF16" for e in header.values())
+    assert all(len(meta[f"xxh3.{name}"]) == 16 for name in header)
+    assert store.file_format(key) == "2" and store.file_format("ff" * 32) is None
+
+
+def test_format_2_round_trip_bit_identical_through_get_and_get_layers(tmp_path):
+    for dtype in ("float16", "bfloat16", "float32"):
+        store = KVStore(tmp_path / dtype, dtype=dtype)
+        key = "b2" * 32
+        kv = _kv_layers()
+        want_k, want_v = kv.k.to(store.torch_dtype), kv.v.to(store.torch_dtype)
+        store.put(key, kv)
+        back = store.get(key)
+        assert back.k.dtype == store.torch_dtype and back.k.shape == (5, 2, 7, 8)
+        assert torch.equal(back.k, want_k) and torch.equal(back.v, want_v)
+        every = store.get_layers(key)
+        assert len(every) == 5
+        for i, (k, v) in enumerate(every):
+            assert k.shape == (2, 7, 8) and k.dtype == store.torch_dtype
+            assert torch.equal(k, want_k[i]) and torch.equal(v, want_v[i])
+        some = store.get_layers(key, [4, 1])
+        assert [p is None for p in some] == [True, False, True, True, False]
+        assert torch.equal(some[1][0], want_k[1]) and torch.equal(some[4][1], want_v[4])
+        assert store.hits == 3 and store.misses == 0
+
+
+def _mappings_of(path) -> list[tuple[int, int]]:
+    target = os.path.realpath(path)
+    out = []
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5] == target:
+            lo, hi = (int(x, 16) for x in fields[0].split("-"))
+            out.append((lo, hi))
+    return out
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux /proc/self/maps")
+def test_get_layers_returns_views_over_the_file_mapping(tmp_path):
+    """Zero copy: every returned tensor's bytes lie inside the kernel's mapping of that very file, at the
+    file offset its header gives. A copy would live in anonymous memory and fail both checks."""
+    store = KVStore(tmp_path, dtype="bfloat16")
+    key = "c3" * 32
+    store.put(key, _kv_layers(layers=4, tokens=64))
+    n, header = _header(store.path(key))
+    layers = store.get_layers(key, [0, 2])
+    maps = _mappings_of(store.path(key))
+    assert maps, "the file is not mapped"
+    base = None
+    for i in (0, 2):
+        for kind, t in zip("kv", layers[i]):
+            ptr, size = t.data_ptr(), t.numel() * t.element_size()
+            assert any(lo <= ptr and ptr + size <= hi for lo, hi in maps)
+            start = 8 + n + header[f"{kind}.{i}"]["data_offsets"][0]  # file offset of this tensor
+            base = ptr - start if base is None else base
+            assert ptr - start == base  # same mapping, laid out as in the file
+    assert base % mmap.PAGESIZE == 0
+
+
+def _flip(path, offset: int) -> None:
+    blob = bytearray(path.read_bytes())
+    blob[offset] ^= 0xFF
+    path.write_bytes(bytes(blob))
+
+
+def test_damage_in_an_unread_layer_is_not_seen_until_that_layer_is_read(tmp_path):
+    """A flipped byte in layer 3's K: a request for layer 0 still succeeds, by design — layer 3's bytes are
+    neither read nor used, and verifying them would cost the reads that format 2 exists to avoid. The
+    damage is caught (and the file removed) as soon as anything asks for layer 3: get_layers, get, or
+    `cache verify` (which reads every layer)."""
+    store = KVStore(tmp_path)
+    key = "d4" * 32
+    kv = _kv_layers()
+    for read in (lambda: store.get_layers(key, [3]), lambda: store.get(key)):
+        store.put(key, kv)
+        n, header = _header(store.path(key))
+        start, end = header["k.3"]["data_offsets"]
+        _flip(store.path(key), 8 + n + (start + end) // 2)
+        first = store.get_layers(key, [0])
+        assert first is not None and torch.equal(first[0][0], kv.k[0].half()) and first[3] is None
+        del first
+        assert read() is None
+        assert not store.path(key).exists()
+    assert store.hits == 2 and store.misses == 2
+
+
+def test_damaged_format_2_files_are_none_never_an_exception(tmp_path):
+    store = KVStore(tmp_path)
+    kv = _kv_layers()
+    key = "e5" * 32
+
+    def damaged(blob: bytes) -> None:
+        store.put(key, kv)
+        store.path(key).write_bytes(blob)
+        assert store.get_layers(key, [0]) is None
+        assert not store.path(key).exists()
+
+    store.put(key, kv)
+    good = store.path(key).read_bytes()
+    n, header = _header(store.path(key))
+    damaged(good[:-10])  # truncated: the last tensor runs past the end
+    damaged(good[: 8 + n // 2])  # truncated inside the header
+    damaged(good[:8] + b"\xff" * n + good[8 + n :])  # garbage header
+    damaged((10**12).to_bytes(8, "little") + good[8:])  # header length beyond the file
+
+    def with_header(change) -> bytes:
+        h = json.loads(good[8 : 8 + n])
+        change(h)
+        raw = json.dumps(h, separators=(",", ":")).encode()
+        assert len(raw) <= n
+        return good[:8] + raw.ljust(n) + good[8 + n :]  # same length: the data section stays in place
+
+    damaged(with_header(lambda h: h["k.0"].update(data_offsets=[0, len(good) * 2])))  # beyond the file
+    damaged(with_header(lambda h: h["k.0"].update(shape=[2, 7, 9])))  # shape and size disagree
+    damaged(with_header(lambda h: h["k.0"].update(dtype="F32")))  # not the store dtype
+    damaged(with_header(lambda h: h["__metadata__"].update(version="9")))  # unknown version
+    damaged(with_header(lambda h: h["__metadata__"].update({"xxh3.v.0": "0" * 16})))  # hash mismatch
+    damaged(with_header(lambda h: h.pop("v.4")))  # a tensor missing
+    assert store.hits == 0 and store.misses == 10
+
+
+def test_layer_outside_the_cache_is_the_callers_error_and_keeps_the_file(tmp_path):
+    store = KVStore(tmp_path)
+    key = "f6" * 32
+    store.put(key, _kv_layers(layers=3))
+    with pytest.raises(IndexError):
+        store.get_layers(key, [3])
+    assert store.path(key).exists() and store.get_layers(key, [2]) is not None
+
+
+def test_format_1_is_still_read_and_migrates_to_format_2(tmp_path):
+    for dtype in ("float16", "bfloat16", "float32"):
+        store = KVStore(tmp_path / dtype, dtype=dtype)
+        key = "a7" * 32
+        kv = _kv_layers(layers=4)
+        want_k, want_v = kv.k.to(store.torch_dtype), kv.v.to(store.torch_dtype)
+        _write_format1(store, key, kv)
+        assert store.file_format(key) == "1"
+        back = store.get(key)
+        assert torch.equal(back.k, want_k) and torch.equal(back.v, want_v)
+        some = store.get_layers(key, [2])
+        assert [p is None for p in some] == [True, True, False, True]
+        assert torch.equal(some[2][0], want_k[2]) and torch.equal(some[2][1], want_v[2])
+
+        store.put(key, store.get(key))  # what `cache verify --migrate` does
+        assert store.file_format(key) == "2"
+        again = store.get(key)
+        assert torch.equal(again.k, want_k) and torch.equal(again.v, want_v)
+
+
+def test_damaged_format_1_is_none_whatever_layer_is_asked(tmp_path):
+    store = KVStore(tmp_path)
+    key = "b8" * 32
+    _write_format1(store, key, _kv_layers())
+    _flip(store.path(key), -5)  # inside v's last layer; format 1 checks the whole data section
+    assert store.get_layers(key, [0]) is None and not store.path(key).exists()
+
+
+def test_cache_verify_counts_formats_and_migrates(tmp_path):
+    # The CLI's store-level command, on a catalog with cache entries only (no model needed).
+    from typer.testing import CliRunner
+
+    from turborag.cli import app
+    from turborag.store.catalog import Catalog, NewChunk
+
+    root = tmp_path / "store"
+    catalog = Catalog(root, create=True)
+    catalog.set_meta(store_dtype="bfloat16")
+    store = KVStore(root, dtype="bfloat16")
+    keys = [f"{i:02x}" * 32 for i in range(4)]
+    chunks = []
+    for i, key in enumerate(keys):
+        if i < 2:
+            _write_format1(store, key, _kv_layers(seed=i))
+            nbytes = store.path(key).stat().st_size
+        else:
+            nbytes = store.put(key, _kv_layers(seed=i))
+        chunks.append(NewChunk(f"doc#{i}", i, "text", 7, "h", key, b"\0" * 4, nbytes))
+    catalog.replace_document("doc", "doc", "fh", "ch", chunks)
+    catalog.close()
+    runner = CliRunner()
+
+    r = runner.invoke(app, ["cache", "verify", "--store", str(root), "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out == {"ok": 4, "missing": 0, "damaged": 0, "formats": {"1": 2, "2": 2}}
+    assert "format-1 caches (2) are still read" in r.stderr and "--migrate" in r.stderr
+
+    r = runner.invoke(app, ["cache", "verify", "--store", str(root), "--migrate"])
+    assert r.exit_code == 0, r.output
+    assert "format 2: 2, format 1: 2" in r.stderr and "2 migrated to format 2" in r.stderr
+    assert [store.file_format(k) for k in keys] == ["2"] * 4
+    stats = json.loads(runner.invoke(app, ["cache", "stats", "--store", str(root), "--json"]).stdout)
+    assert stats["cache_bytes"] == stats["disk_bytes"]  # the catalog knows the new sizes
+
+    r = runner.invoke(app, ["cache", "verify", "--store", str(root), "--json"])
+    assert json.loads(r.stdout)["formats"] == {"1": 0, "2": 4} and "format 1" not in r.stderr

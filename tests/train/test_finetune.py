@@ -154,10 +154,10 @@ def test_adapter_folder_loads_as_a_model(tmp_path, tiny_model_dir):
     from turborag.core.model import load_model
 
     cfg = _cfg(tmp_path, model=tiny_model_dir, steps=3)
-    merged_dir = finetune(load_model(tiny_model_dir), cfg, progress=False)
-    a = load_model(str(merged_dir))
-    b = load_model(str(merged_dir.parent / "adapter"))
-    base = load_model(tiny_model_dir)
+    merged_dir = finetune(load_model(tiny_model_dir, dtype="float32"), cfg, progress=False)
+    a = load_model(str(merged_dir), dtype="float32")
+    b = load_model(str(merged_dir.parent / "adapter"), dtype="float32")
+    base = load_model(tiny_model_dir, dtype="float32")
     assert a.fingerprint != base.fingerprint  # a fine-tune never shares caches with its base
     x = torch.tensor([[5, 6, 7, 8]])
     with torch.no_grad():

@@ -8,7 +8,15 @@ from pathlib import Path
 
 import typer
 
-from turborag.cli.common import DeviceOpt, JsonOpt, StoreModelOpt, StoreOpt, StoreTemplateOpt, fail
+from turborag.cli.common import (
+    DeviceOpt,
+    JsonOpt,
+    StoreDtypeOpt,
+    StoreModelOpt,
+    StoreOpt,
+    StoreTemplateOpt,
+    fail,
+)
 from turborag.cli.loading import load_engine, open_catalog
 from turborag.core.engine import MODES
 
@@ -22,6 +30,7 @@ def ask(
     model: str = StoreModelOpt,
     device: str = DeviceOpt,
     template: str = StoreTemplateOpt,
+    dtype: str = StoreDtypeOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Answer from the store: retrieve top-k chunks, reuse their caches (turbo) or prefill them (full)."""
@@ -35,7 +44,7 @@ def ask(
     if not question.strip():
         fail("the question is empty")
     catalog = open_catalog(store, create=False)
-    engine = load_engine(catalog, model, device, template)
+    engine = load_engine(catalog, model, device, template, dtype=dtype)
     retriever = Retriever(catalog, Embedder())
     if not len(retriever):
         fail(f"store {catalog.root} has no chunks: ingest some documents first")

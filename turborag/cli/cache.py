@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -50,25 +51,62 @@ def cache_stats(store: Path = StoreOpt, as_json: bool = JsonOpt) -> None:
 
 
 @app.command("verify")
-def cache_verify(store: Path = StoreOpt, as_json: bool = JsonOpt) -> None:
-    """Read every cache file and check its checksum. Damaged files are removed (never used); exit 1 if any
-    cache is missing or damaged. `turborag ingest` on the same paths recomputes them (so does `ask`)."""
+def cache_verify(
+    store: Path = StoreOpt,
+    as_json: bool = JsonOpt,
+    migrate: bool = typer.Option(
+        False, "--migrate", help="rewrite every readable format-1 cache as format 2 (same keys, atomic)"
+    ),
+) -> None:
+    """Read every cache file and check its checksums. Damaged files are removed (never used); exit 1 if any
+    cache is missing or damaged. `turborag ingest` on the same paths recomputes them (so does `ask`).
+    Format-1 caches (earlier turborag) are read whole on every use; --migrate rewrites them as format 2,
+    whose requests read only the layers they need."""
     catalog = open_catalog(store, create=False)
     kv = store_kv(catalog)
-    ok, missing, damaged = 0, [], []
-    for key, _ in catalog.cache_entries():
-        exists = key in kv
-        if kv.get(key) is not None:
-            ok += 1
-        elif exists:
-            damaged.append(key)
-        else:
-            missing.append(key)
-    out = {"ok": ok, "missing": len(missing), "damaged": len(damaged)}
+    ok, missing, damaged, migrated = 0, [], [], 0
+    formats = {"1": 0, "2": 0}  # of the caches that read ok, as found (before any migration)
+    # Migrating writes files and the catalog's byte counts: one writer at a time, like ingest and gc.
+    # A plain verify only reads (and removes damaged files, which no reader would use anyway).
+    lock = catalog.write_lock() if migrate else contextlib.nullcontext()
+    try:
+        with lock:
+            for key, _ in catalog.cache_entries():
+                exists = key in kv
+                fmt = kv.file_format(key)  # before get, which removes a damaged file
+                chunk = kv.get(key)
+                if chunk is not None:
+                    ok += 1
+                    if fmt in formats:  # None only if the file was replaced in between
+                        formats[fmt] += 1
+                    if migrate and fmt == "1":
+                        catalog.set_cache_bytes(key, kv.put(key, chunk))  # atomic: old or new, never neither
+                        migrated += 1
+                elif exists:
+                    damaged.append(key)
+                else:
+                    missing.append(key)
+    except StoreError as e:
+        fail(str(e))
+    except OSError as e:  # e.g. disk full: every cache not yet migrated is still intact, in format 1
+        fail(f"migration stopped after {migrated} caches ({e}); the others are unchanged and still readable")
+    out = {"ok": ok, "missing": len(missing), "damaged": len(damaged), "formats": formats}
+    if migrate:
+        out["migrated"] = migrated
     if as_json:
         typer.echo(json.dumps(out))
     else:
-        typer.echo(f"{ok} caches ok, {len(missing)} missing, {len(damaged)} damaged (removed)", err=True)
+        typer.echo(
+            f"{ok} caches ok (format 2: {formats['2']}, format 1: {formats['1']}), {len(missing)} missing, "
+            f"{len(damaged)} damaged (removed)" + (f", {migrated} migrated to format 2" if migrate else ""),
+            err=True,
+        )
+    if formats["1"] and not migrate:
+        typer.echo(
+            f"format-1 caches ({formats['1']}) are still read, through the slower whole-file path; "
+            f"`turborag cache verify --migrate --store {catalog.root}` rewrites them as format 2",
+            err=True,
+        )
     if missing or damaged:
         fail(
             f"{len(missing) + len(damaged)} caches need recomputing: run `turborag ingest` on the same paths "

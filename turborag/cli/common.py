@@ -44,6 +44,12 @@ ModelOpt = typer.Option(
     help="gemma-3-270m-turbo, gemma-3-270m (base), an HF model or adapter folder, a .gguf",
 )
 DeviceOpt = typer.Option("cpu", "--device", help="cpu, cuda, cuda:N or auto")
+DtypeOpt = typer.Option(
+    "auto",
+    "--dtype",
+    help="compute dtype: auto (bf16 where the CPU or GPU has it in hardware, else fp32), float32, bfloat16, "
+    "float16",
+)
 TemplateOpt = typer.Option(
     "auto", "--template", help="prompt template: auto (chat if the model has one), plain, chat"
 )
@@ -54,4 +60,9 @@ StoreModelOpt = typer.Option(
     None, "--model", help="gemma-3-270m, an HF model folder or a .gguf file (default: the store's model)"
 )
 StoreTemplateOpt = typer.Option(None, "--template", help="auto, plain or chat (default: the store's)")
+StoreDtypeOpt = typer.Option(
+    None,
+    "--dtype",
+    help="compute dtype: auto, float32, bfloat16, float16 (default: the store's; auto for a new store)",
+)
 JsonOpt = typer.Option(False, "--json", help="print one JSON object")

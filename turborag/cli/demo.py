@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from turborag.cli.common import DeviceOpt, ModelOpt, TemplateOpt, stdout
+from turborag.cli.common import DeviceOpt, DtypeOpt, ModelOpt, TemplateOpt, stdout
 from turborag.cli.loading import engine_for
 from turborag.core.model import turborag_home
 
@@ -15,10 +15,11 @@ def demo(
     model: str = ModelOpt,
     device: str = DeviceOpt,
     template: str = TemplateOpt,
+    dtype: str = DtypeOpt,
     store: Path = typer.Option(None, help="cache store directory (default: $TURBORAG_HOME/demo-store)"),
 ) -> None:
     """Answer bundled questions over bundled passages in full and turbo mode; print answers and TTFT."""
     from turborag.bench.demo import run_demo
 
-    engine = engine_for(model, device, store or turborag_home() / "demo-store", template)
+    engine = engine_for(model, device, store or turborag_home() / "demo-store", template, dtype)
     run_demo(engine, stdout())

@@ -12,7 +12,16 @@ from pathlib import Path
 
 import typer
 
-from turborag.cli.common import DeviceOpt, JsonOpt, StoreModelOpt, StoreOpt, StoreTemplateOpt, console, fail
+from turborag.cli.common import (
+    DeviceOpt,
+    JsonOpt,
+    StoreDtypeOpt,
+    StoreModelOpt,
+    StoreOpt,
+    StoreTemplateOpt,
+    console,
+    fail,
+)
 from turborag.cli.loading import load_engine, open_catalog, store_kv
 from turborag.store.catalog import StoreError
 
@@ -65,6 +74,7 @@ def ingest(
     model: str = StoreModelOpt,
     device: str = DeviceOpt,
     template: str = StoreTemplateOpt,
+    dtype: str = StoreDtypeOpt,
     chunk_tokens: int = typer.Option(
         None, min=8, help="chunk size in model tokens (default 256, or the store's)"
     ),
@@ -91,7 +101,9 @@ def ingest(
         check_params(size, ovl)
     except ValueError as e:
         fail(str(e))
-    engine = load_engine(catalog, model, device, template, ingest=True, chunk_tokens=size, chunk_overlap=ovl)
+    engine = load_engine(
+        catalog, model, device, template, ingest=True, dtype=dtype, chunk_tokens=size, chunk_overlap=ovl
+    )
     chunker = Chunker(engine.lm.tokenizer, size, ovl)
     ingestor = Ingestor(engine, catalog, Embedder(), chunker, progress=RichProgress(enabled=not as_json))
     try:

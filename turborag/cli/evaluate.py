@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from turborag.cli.common import DeviceOpt, ModelOpt, TemplateOpt, fail, stdout
+from turborag.cli.common import DeviceOpt, DtypeOpt, ModelOpt, TemplateOpt, fail, stdout
 from turborag.cli.loading import engine_for
 from turborag.core.engine import MODES
 
@@ -40,6 +40,7 @@ def eval_cmd(
     model: str = ModelOpt,
     device: str = DeviceOpt,
     template: str = TemplateOpt,
+    dtype: str = DtypeOpt,
     store: Path = typer.Option(None, help="cache store (default: $TURBORAG_HOME/eval-store)"),
     max_new_tokens: int = typer.Option(32, min=1),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
@@ -59,7 +60,7 @@ def eval_cmd(
     preds: list[dict] = []
     results = {}
     for spec, group in group_by_model(mode_list, model).items():  # one model in memory at a time
-        engine = engine_for(spec, device, store, template)
+        engine = engine_for(spec, device, store, template, dtype)
         got = run_eval(engine, examples, group, max_new_tokens, progress=not as_json, predictions=preds)
         results.update({(m if spec == model else f"{m}@{spec}"): r for m, r in got.items()})
         del engine

@@ -52,7 +52,7 @@ def finetune(
         template=template,
     )
     try:
-        lm = load_model(model, device)
+        lm = load_model(model, device, "float32")  # training stays fp32 (LoRA deltas, AdamW state)
         dest = run(lm, cfg)
     except (ModelError, ValueError) as e:
         fail(str(e))

@@ -14,16 +14,25 @@ from turborag.core.model import DEFAULT_MODEL, ModelError, turborag_home
 from turborag.store.catalog import Catalog, StoreError
 
 
-def engine_for(model: str, device: str, store: Path | None, template: str, store_dtype: str = "float16"):
-    """An engine over a cache store that is not bound to a catalog (default: $TURBORAG_HOME/eval-store)."""
+def engine_for(
+    model: str,
+    device: str,
+    store: Path | None,
+    template: str,
+    dtype: str = "auto",
+    cache_dtype: str | None = None,
+):
+    """An engine over a cache store that is not bound to a catalog (default: $TURBORAG_HOME/eval-store).
+    Caches are kept in the compute dtype when it is 16-bit, else in fp16 (`cache_dtype` overrides)."""
     from turborag.core.engine import Engine
-    from turborag.core.model import load_model
+    from turborag.core.model import cache_dtype_for, load_model
     from turborag.store.kv_store import KVStore
 
     try:
         with console.status(f"loading {model}"):
-            lm = load_model(model, device)
-        return Engine(lm, KVStore(store or turborag_home() / "eval-store", store_dtype), template)
+            lm = load_model(model, device, dtype)
+        kv = KVStore(store or turborag_home() / "eval-store", cache_dtype or cache_dtype_for(lm.dtype))
+        return Engine(lm, kv, template)
     except ModelError as e:
         fail(str(e))
     except ValueError as e:
@@ -50,31 +59,58 @@ def _model_spec(spec: str) -> str:
 
 
 def load_engine(
-    catalog: Catalog, model: str | None, device: str, template: str | None, ingest: bool = False, **settings
+    catalog: Catalog,
+    model: str | None,
+    device: str,
+    template: str | None,
+    ingest: bool = False,
+    dtype: str | None = None,
+    **settings,
 ):
-    """The engine for this store; with `ingest`, binds a new store to the model (and settings)."""
+    """The engine for this store; with `ingest`, binds a new store to the model (and settings).
+
+    The store remembers the compute dtype its caches were made in (a cache is only valid for that dtype),
+    so `--dtype` defaults to the store's; a store from before `--dtype` existed was computed in fp32 on CPU.
+    """
     import transformers
 
     from turborag.core.engine import Engine
-    from turborag.core.model import load_model
+    from turborag.core.model import (
+        cache_dtype_for,
+        dtype_name,
+        legacy_dtype,
+        load_model,
+        resolve_device,
+        resolve_dtype,
+    )
     from turborag.rag.embed import EMBEDDER
     from turborag.store.kv_store import KVStore
 
     transformers.utils.logging.disable_progress_bar()  # "Loading weights" bars; ingest draws its own
     meta = catalog.meta()
-    if not ingest and "model_fingerprint" not in meta:
+    bound_before = "model_fingerprint" in meta
+    if not ingest and not bound_before:
         fail(f"store {catalog.root} is empty: run `turborag ingest PATH --store {catalog.root}` first")
     spec = _model_spec(model or meta.get("model") or DEFAULT_MODEL)
     try:
+        dev = resolve_device(device)
+        if dtype is None and "dtype" in meta:
+            dtype = meta["dtype"]
+        elif dtype is None and bound_before:
+            dtype = dtype_name(legacy_dtype(dev))
+        compute = resolve_dtype(dtype, dev)
+        store_dtype = meta.get("store_dtype") or cache_dtype_for(compute)
+        if bound_before:  # before loading: a different dtype also changes the fingerprint, so say which
+            catalog.check_settings(dtype=dtype_name(compute))
         with console.status(f"loading {spec}"):
-            lm = load_model(spec, device)
-        engine = Engine(
-            lm,
-            KVStore(catalog.root, meta.get("store_dtype", "float16")),
-            template or meta.get("template") or "auto",
-        )
+            lm = load_model(spec, device, compute)
+        engine = Engine(lm, KVStore(catalog.root, store_dtype), template or meta.get("template") or "auto")
         bound = dict(
-            template=engine.layout.template, store_dtype=engine.store.dtype, embedder=EMBEDDER, **settings
+            template=engine.layout.template,
+            store_dtype=engine.store.dtype,
+            embedder=EMBEDDER,
+            dtype=dtype_name(compute),
+            **settings,
         )
         if ingest:
             catalog.bind(spec, lm.fingerprint, **bound)

@@ -24,7 +24,7 @@ import torch
 
 from turborag.core import hf_compat, kv, recompute
 from turborag.core.generate import SamplingParams, TextStream, decode, eos_ids
-from turborag.core.model import LoadedModel, layer_inv_freq
+from turborag.core.model import LoadedModel, layer_inv_freq, layer_windows
 from turborag.core.prefix_cache import PrefixCache
 from turborag.core.prompt import Prompt, PromptLayout
 from turborag.store.chunk_kv import ChunkKV
@@ -86,6 +86,7 @@ class Engine:
         self.layout = PromptLayout(lm.tokenizer, template)
         self.batch_size = batch_size
         self.inv_freq = torch.stack(layer_inv_freq(lm.model))  # (layers, head_dim/2) fp64
+        self.windows = layer_windows(lm.model)  # per layer: sliding window, or None for global layers
         self.stop_ids = eos_ids(lm.tokenizer, lm.model)
         self.prefix_ids = self.layout.prefix_ids()
         self.prefix_kv = kv.prefill_prefix(lm.model, self.prefix_ids)  # resident: shared by every request
@@ -248,27 +249,48 @@ class Engine:
         return cache, logits[0, -1], ids.shape[1], 0, 0
 
     def _prefill_turbo(self, prompt: Prompt, mode: str, reserve: int):
-        """Load chunk caches (computing any that are missing), assemble, [recompute], prefill the suffix."""
+        """Load and assemble the chunk caches, then prefill only the question."""
+        cache, next_pos, cached, computed = self.assemble(prompt, mode, reserve)
+        logits = self.prefill_question(cache, prompt, next_pos)
+        return cache, logits, next_pos + len(prompt.suffix), cached, computed
+
+    def assemble(self, prompt: Prompt, mode: str, reserve: int):
+        """The turbo context: chunk caches loaded (missing ones computed), re-positioned and written after
+        the prefix cache, [recomputed]. Returns (cache, first question position, cached tokens, computed).
+
+        Sliding-window layers hold only the tail of the context they can still see, and only the layers a
+        chunk contributes to are read from the store. The recompute modes refresh tokens anywhere in the
+        context, so they assemble every layer whole.
+        """
         positions = _POSITIONS[mode]
         dev, dtype = self.lm.device, self.lm.dtype
+        windows = self.windows if mode in ("turbo", "turbo-composite") else [None] * len(self.windows)
+        lengths = [len(c) for c in prompt.chunks]
         keys = [self.key(c) for c in prompt.chunks]
-        loaded = {k: self.store.get(k) for k in dict.fromkeys(keys)}
+        wanted: dict[str, set[int]] = {}
+        for k, layers in zip(keys, kv.needed_layers(lengths, len(prompt.prefix), windows)):
+            wanted.setdefault(k, set()).update(layers)
+        loaded = {k: self.store.get_layers(k, sorted(layers)) for k, layers in wanted.items()}
         missing = {k: ids for k, ids in zip(keys, prompt.chunks) if loaded[k] is None}
         if missing:
             loaded.update(self._compute_and_store(missing, keep=True))
         chunks = [loaded[k] for k in keys]
         cache, next_pos = kv.assemble_into(
-            self.prefix_kv, chunks, self.inv_freq, positions, dev, dtype, reserve
+            self.prefix_kv, chunks, self.inv_freq, positions, dev, dtype, reserve, windows, lengths
         )
         recomputed = 0
         if mode in ("turbo-epic", "turbo-blend"):
             recomputed = self._recompute(cache, prompt, positions, mode)
-        suffix = torch.tensor([prompt.suffix], device=dev)  # (1, S)
-        pos = torch.arange(next_pos, next_pos + suffix.shape[1], device=dev)[None]  # (1, S)
+        cached = len(prompt.prefix) + prompt.context_tokens - recomputed
+        return cache, next_pos, cached, len(missing)
+
+    def prefill_question(self, cache, prompt: Prompt, next_pos: int) -> torch.Tensor:
+        """Run the question on top of an assembled context; returns the last position's logits (vocab,)."""
+        suffix = torch.tensor([prompt.suffix], device=self.lm.device)  # (1, S)
+        pos = torch.arange(next_pos, next_pos + suffix.shape[1], device=self.lm.device)[None]  # (1, S)
         with torch.inference_mode():
             logits = hf_compat.forward(self.lm.model, suffix, pos, cache, logits_to_keep=1)
-        cached = len(prompt.prefix) + prompt.context_tokens - recomputed
-        return cache, logits[0, -1], next_pos + suffix.shape[1], cached, len(missing)
+        return logits[0, -1]
 
     def _recompute(self, cache, prompt: Prompt, positions: str, mode: str) -> int:
         """Refresh a few context tokens in place (recompute.py); returns how many."""

@@ -5,10 +5,12 @@ removed `cache_position`, 5.24 renamed the forward keyword `past_key_values` to 
 turborag speaks plain tensors, `(kv_heads, T, head_dim)` per layer, and calls the model only through
 `forward` below.
 
-We always build a `DynamicCache` *without* a config, so every layer keeps all of its keys, sliding-window
-layers included. The sliding window is still enforced by the attention mask (transformers builds it from
-`config.sliding_window` and token indices), so results are exact; we simply keep the keys that a
-precomputed chunk needs whatever its final place in the context.
+We always build a `DynamicCache` *without* a config, so precompute and training keep every key of every
+layer (a precomputed chunk needs all its keys, whatever its final place in the context). The sliding window
+is enforced by the attention mask, which transformers builds from `config.sliding_window` and cache
+indices. At serving time `BufferedSlidingLayer` holds only the tail of the context that a sliding layer can
+still see, and reports the dropped entries as an offset (`get_mask_sizes`, `get_seq_length`), exactly as
+transformers' own `DynamicSlidingWindowLayer` does, so the mask, and the result, are unchanged.
 """
 
 from __future__ import annotations
@@ -77,6 +79,29 @@ class BufferedLayer(DynamicLayer):
         self._views()
 
 
+class BufferedSlidingLayer(BufferedLayer):
+    """A BufferedLayer for a sliding-window layer that holds only the context from cache index `offset` on.
+
+    transformers builds the sliding mask of every sliding layer from the first one's `get_mask_sizes`:
+    (kv_length, kv_offset) = (entries held + query length, entries dropped). The query's own index is
+    `get_seq_length()`, which counts the dropped entries too. Entries that fall out of the window during
+    decoding stay in the buffer, masked, so nothing is copied; the buffer holds at most W - 1 context
+    entries plus the `reserve` for the question and the answer.
+    """
+
+    is_sliding = True
+
+    def __init__(self, reserve: int = 64, offset: int = 0):
+        super().__init__(reserve)
+        self.offset = offset
+
+    def get_seq_length(self) -> int:
+        return self.offset + self.length
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, self.offset
+
+
 def new_cache(layers: list[KV] | None = None) -> DynamicCache:
     """A cache holding `layers[i] = (k, v)` for every layer i (or an empty one), plain DynamicLayers."""
     cache = DynamicCache()
@@ -85,15 +110,29 @@ def new_cache(layers: list[KV] | None = None) -> DynamicCache:
     return cache
 
 
-def buffered_cache(
-    n_layers: int, buffers: list[KV] | None = None, length: int = 0, reserve: int = 64
-) -> DynamicCache:
-    """A serving cache of BufferedLayers: empty, or over filled buffers ((B, H, capacity, D) per layer)."""
+def buffered_cache(n_layers: int, reserve: int = 64) -> DynamicCache:
+    """An empty serving cache of BufferedLayers (full prefill, plain prompts)."""
     cache = DynamicCache()
-    if buffers is None:
-        cache.layers = [BufferedLayer(reserve) for _ in range(n_layers)]
-    else:
-        cache.layers = [BufferedLayer.wrap(k, v, length, reserve) for k, v in buffers]
+    cache.layers = [BufferedLayer(reserve) for _ in range(n_layers)]
+    return cache
+
+
+def buffered_cache_of(
+    layers: list[tuple[torch.Tensor, torch.Tensor, int, int, bool]], reserve: int = 64
+) -> DynamicCache:
+    """A serving cache over filled buffers: per layer (k_buf, v_buf, length, offset, sliding), buffers
+    (B, H, capacity, D) whose first `length` entries are cache indices offset .. offset + length - 1."""
+    cache = DynamicCache()
+    for k_buf, v_buf, length, offset, sliding in layers:
+        if sliding:
+            layer = BufferedSlidingLayer(reserve, offset)
+            layer.lazy_initialization(k_buf, v_buf)
+            layer.k_buf, layer.v_buf, layer.length = k_buf, v_buf, length
+            layer._views()
+        else:
+            assert offset == 0, "only sliding layers may drop context entries"
+            layer = BufferedLayer.wrap(k_buf, v_buf, length, reserve)
+        cache.layers.append(layer)
     return cache
 
 

@@ -15,6 +15,14 @@ Position math (invariants: docs/ARCHITECTURE.md). Let the prefix have p tokens a
 Worked example: prefix 3 tokens, chunks of 4 and 2 tokens.
     reordered: prefix 0..2 | chunk0 3..6 (d=0) | chunk1 7..8 (d=4) | question 9..
     composite: prefix 0..2 | chunk0 3..6       | chunk1 3..4       | question 7..
+
+Sliding-window layers (Gemma 2/3, Mistral-style): a layer with window W lets a token at cache index i see
+only indices > i - W. The assembled context has N entries, so the question's first token (index N), and
+every later token, sees at most the last W - 1 context entries: at query time such a layer needs only the
+tail [N - W + 1, N) of the context. Serving assembly holds just that tail for those layers (and the store is
+never asked for the rest); the cache layer reports the dropped entries as an offset, so the model's mask,
+which is built from indices, is exactly the mask of the whole context. Global layers keep everything.
+    window 4, N = 9: a global layer holds 0..8; a sliding layer holds 6..8 (offset 6)
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ from turborag.core import hf_compat
 from turborag.store.chunk_kv import ChunkKV
 
 POSITION_MODES = ("reordered", "composite")
+
+LayerKV = tuple[torch.Tensor, torch.Tensor]  # one layer of a span: keys and values, (kv_heads, T, head_dim)
 
 
 def _stack(layers: list[hf_compat.KV], start: int, end: int, b: int = 0) -> ChunkKV:
@@ -110,17 +120,22 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def rotate_keys(k: torch.Tensor, delta: int, inv_freq: torch.Tensor) -> torch.Tensor:
-    """Move keys by `delta` positions: k (L, H, T, D), inv_freq (L, D/2) fp64 -> (L, H, T, D).
+def rotation(delta: int, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin that move keys by `delta` positions, per layer: inv_freq (L, D/2) fp64 -> (L, 1, 1, D).
 
     Angles are formed in fp64 so that large shifts (tens of thousands of positions) lose no precision
     before the cast to the key dtype.
     """
+    angle = delta * inv_freq  # (L, D/2) fp64
+    angle = torch.cat((angle, angle), dim=-1)[:, None, None, :]  # (L, 1, 1, D)
+    return angle.cos().to(dtype), angle.sin().to(dtype)
+
+
+def rotate_keys(k: torch.Tensor, delta: int, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Move keys by `delta` positions: k (L, H, T, D), inv_freq (L, D/2) fp64 -> (L, H, T, D)."""
     if delta == 0:
         return k
-    angle = delta * inv_freq.to(k.device)  # (L, D/2) fp64
-    angle = torch.cat((angle, angle), dim=-1)[:, None, None, :]  # (L, 1, 1, D)
-    cos, sin = angle.cos().to(k.dtype), angle.sin().to(k.dtype)
+    cos, sin = rotation(delta, inv_freq.to(k.device), k.dtype)  # (L, 1, 1, D)
     return k * cos + rotate_half(k) * sin
 
 
@@ -150,29 +165,74 @@ def assemble(
     return to_cache(parts), next_pos
 
 
+def window_start(n: int, window: int | None) -> int:
+    """First context index a layer needs at query time, for a context of n entries: 0 for a global layer,
+    n - (W - 1) for a sliding layer with window W (see the module docstring)."""
+    return 0 if window is None else max(0, n - (window - 1))
+
+
+def needed_layers(lengths: Sequence[int], prefix_len: int, windows: Sequence[int | None]) -> list[list[int]]:
+    """For each chunk, the layers whose held tail overlaps it: global layers always, sliding layers only for
+    chunks that end inside the window. The rest of a chunk's layers need not be read at all."""
+    n = prefix_len + sum(lengths)
+    starts = [window_start(n, w) for w in windows]
+    out, end = [], prefix_len
+    for length in lengths:
+        end += length
+        out.append([i for i, s in enumerate(starts) if end > s])
+    return out
+
+
+def _per_layer(part: ChunkKV | Sequence[LayerKV | None]) -> Sequence[LayerKV | None]:
+    """A span as one (k, v) per layer: a ChunkKV's (L, H, T, D) tensors are split into views, no copy."""
+    if isinstance(part, ChunkKV):
+        return [(part.k[i], part.v[i]) for i in range(part.k.shape[0])]
+    return part
+
+
 def assemble_into(
     prefix: ChunkKV,
-    chunks: Sequence[ChunkKV],
+    chunks: Sequence[ChunkKV | Sequence[LayerKV | None]],
     inv_freq: torch.Tensor,
     positions: str,
     device: torch.device,
     dtype: torch.dtype,
     reserve: int,
+    windows: Sequence[int | None] | None = None,
+    lengths: Sequence[int] | None = None,
 ) -> tuple[hf_compat.DynamicCache, int]:
     """Serving assembly: each chunk is cast, rotated and written once into per-layer buffers with `reserve`
     spare tokens for the question and the answer, so neither assembly nor decoding copies the context again.
+
+    A chunk is a ChunkKV or one (k, v) per layer, (H, T, D), as the store reads them; a layer that a
+    `windows` entry makes sliding holds only the context's tail, and its entries for chunks before the tail
+    may be None (never read). `lengths` gives the chunks' token counts when no layer of a chunk was read.
     """
-    shifts, next_pos = layout([c.tokens for c in chunks], prefix.tokens, positions)
-    n = prefix.tokens + sum(c.tokens for c in chunks)
-    layers, kv_heads, _, head_dim = prefix.k.shape
-    k_buf = torch.empty(layers, 1, kv_heads, n + reserve, head_dim, device=device, dtype=dtype)
-    v_buf = torch.empty_like(k_buf)  # (L, 1, H, capacity, D)
-    start = 0
-    for part, d in [(prefix, 0)] + list(zip(chunks, shifts)):
-        end = start + part.tokens
-        k = part.k.to(device=device, dtype=dtype, non_blocking=True)  # (L, H, T, D)
-        k_buf[:, 0, :, start:end] = rotate_keys(k, d, inv_freq)
-        v_buf[:, 0, :, start:end] = part.v  # cast on copy
-        start = end
-    buffers = [(k_buf[i], v_buf[i]) for i in range(layers)]
-    return hf_compat.buffered_cache(layers, buffers, n, reserve), next_pos
+    n_layers, kv_heads, p, head_dim = prefix.k.shape
+    windows = list(windows) if windows is not None else [None] * n_layers
+    sizes = list(lengths) if lengths is not None else [c.tokens for c in chunks]
+    shifts, next_pos = layout(sizes, p, positions)
+    parts = [(_per_layer(prefix), p, 0)] + [(_per_layer(c), t, d) for c, t, d in zip(chunks, sizes, shifts)]
+    n = p + sum(sizes)
+    freq = inv_freq.to(device)
+    turns = [rotation(d, freq, dtype) if d else None for _, _, d in parts]  # (L, 1, 1, D) cos, sin per part
+    layers = []
+    for i in range(n_layers):
+        start = window_start(n, windows[i])  # this layer holds context entries [start, n)
+        k_buf = torch.empty(1, kv_heads, n - start + reserve, head_dim, device=device, dtype=dtype)
+        v_buf = torch.empty_like(k_buf)  # (1, H, capacity, D)
+        begin = 0  # cache index of the part's first token
+        for (part, size, _), turn in zip(parts, turns):
+            skip = max(0, start - begin)  # leading tokens of this part that the layer does not hold
+            if skip < size:
+                k, v = part[i]  # (H, T, D)
+                k = k[:, skip:].to(device=device, dtype=dtype, non_blocking=True)  # (H, t, D)
+                if turn is not None:
+                    cos, sin = turn[0][i, 0], turn[1][i, 0]  # (1, D)
+                    k = k * cos + rotate_half(k) * sin
+                dst = slice(begin + skip - start, begin + size - start)
+                k_buf[0, :, dst] = k
+                v_buf[0, :, dst] = v[:, skip:]  # cast on copy
+            begin += size
+        layers.append((k_buf, v_buf, n - start, start, windows[i] is not None))
+    return hf_compat.buffered_cache_of(layers, reserve), next_pos

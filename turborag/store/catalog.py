@@ -4,7 +4,7 @@ A store directory holds
 
     catalog.sqlite        this catalog: meta, documents, chunks (text, tokens, hash, cache key, embedding),
                           cache_entries (key, bytes, created)
-    kv/ab/<key>.safetensors   chunk KV caches (kv_store.py: atomic writes, CRC-checked reads)
+    kv/ab/<key>.safetensors   chunk KV caches (kv_store.py: atomic writes, hash-checked reads)
     index.safetensors     snapshot of the embedding matrix for fast loading (rag/embed.py), tagged with the
                           catalog's generation and rebuilt from the catalog whenever it is stale
     lock                  held by a writer (ingest, remove, gc) so two writers never interleave
@@ -142,16 +142,16 @@ class Catalog:
         meta = self.meta()
         if not meta:
             self.set_meta(
-                format=STORE_FORMAT, schema=SCHEMA_VERSION, kv_format=kv_store.FORMAT_VERSION, generation="0"
+                format=STORE_FORMAT, schema=SCHEMA_VERSION, kv_format=kv_store.KEY_VERSION, generation="0"
             )
             meta = self.meta()
         if meta.get("format") != STORE_FORMAT:
             raise StoreError(f"{self.path} is not a turborag catalog")
         found = (meta.get("schema"), meta.get("kv_format"))
-        if found != (SCHEMA_VERSION, kv_store.FORMAT_VERSION):
+        if found != (SCHEMA_VERSION, kv_store.KEY_VERSION):
             raise StoreError(
                 f"store {self.root} has format version {found[0]}/{found[1]}; this turborag reads "
-                f"{SCHEMA_VERSION}/{kv_store.FORMAT_VERSION}. Ingest again into a new --store."
+                f"{SCHEMA_VERSION}/{kv_store.KEY_VERSION}. Ingest again into a new --store."
             )
 
     def close(self) -> None:
@@ -181,7 +181,8 @@ class Catalog:
         self.check(model, fingerprint, **settings)
 
     def check(self, model: str, fingerprint: str, **settings) -> None:
-        """StoreError unless this store was built with this model (by fingerprint) and these settings."""
+        """StoreError unless this store was built with these settings and this model (by fingerprint)."""
+        self.check_settings(**settings)  # first: a setting like the dtype also changes the fingerprint
         meta = self.meta()
         if meta.get("model_fingerprint") != fingerprint:
             raise StoreError(
@@ -189,6 +190,10 @@ class Catalog:
                 f"{meta.get('model_fingerprint', '?')[:12]}), not {model} (fingerprint {fingerprint[:12]}): "
                 "its caches are useless to this model. Use the store's model, or another --store."
             )
+
+    def check_settings(self, **settings) -> None:
+        """StoreError if a setting the store recorded differs (settings it never recorded are not checked)."""
+        meta = self.meta()
         for k, v in settings.items():
             if k in meta and meta[k] != str(v):
                 raise StoreError(
