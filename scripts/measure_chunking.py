@@ -51,10 +51,10 @@ def main() -> None:
     import numpy as np
     from transformers import AutoTokenizer
 
-    from turborag.rag.chunker import Chunker
-    from turborag.rag.embed import Embedder, VectorIndex
     from turborag.core.engine import Engine
     from turborag.core.model import default_model_dir, load_model
+    from turborag.rag.chunker import Chunker
+    from turborag.rag.embed import Embedder, VectorIndex
     from turborag.store.kv_store import KVStore
 
     tok = AutoTokenizer.from_pretrained(str(default_model_dir()))

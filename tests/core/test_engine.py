@@ -106,3 +106,25 @@ def test_sampling_is_seeded(gemma_lm, tmp_path):
 def test_modes_constant():
     assert MODES[:3] == ("full", "turbo", "turbo-composite")
     assert set(MODES[3:]) == {"turbo-epic", "turbo-blend"}
+
+
+def test_batched_chunk_tokenization_equals_one_by_one(gemma_lm):
+    """build() tokenizes all passages in one call; each must get exactly the ids it gets alone."""
+    from turborag.core.prompt import PromptLayout
+
+    layout = PromptLayout(gemma_lm.tokenizer)
+    texts = ["Short.", "  A longer passage, with punctuation; and spaces.  ", "x" * 300, "Ünïcode ✓"]
+    assert layout.chunks_ids(texts) == [layout.chunk_ids(t) for t in texts]
+    assert layout.build("Q?", texts).chunks == [layout.chunk_ids(t) for t in texts]
+
+
+def test_passage_memo_is_bounded_and_returns_copies(gemma_lm, monkeypatch):
+    from turborag.core import prompt
+
+    monkeypatch.setattr(prompt, "MEMO_PASSAGES", 3)
+    layout = prompt.PromptLayout(gemma_lm.tokenizer)
+    first = layout.chunks_ids(["a", "b", "a"])
+    first[0].append(999)  # a caller's list is its own
+    assert layout.chunks_ids(["a"]) == [layout.chunk_ids("a")]
+    layout.chunks_ids(["c", "d", "e"])
+    assert list(layout._memo) == ["c", "d", "e"]

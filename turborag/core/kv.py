@@ -190,6 +190,14 @@ def _per_layer(part: ChunkKV | Sequence[LayerKV | None]) -> Sequence[LayerKV | N
     return part
 
 
+def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`. For a GPU it is staged through page-locked memory, so the copy is a DMA
+    that does not make the host wait (non_blocking); on the CPU this is the tensor itself."""
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def assemble_into(
     prefix: ChunkKV,
     chunks: Sequence[ChunkKV | Sequence[LayerKV | None]],
@@ -226,13 +234,13 @@ def assemble_into(
             skip = max(0, start - begin)  # leading tokens of this part that the layer does not hold
             if skip < size:
                 k, v = part[i]  # (H, T, D)
-                k = k[:, skip:].to(device=device, dtype=dtype, non_blocking=True)  # (H, t, D)
+                k = _to_device(k[:, skip:], device).to(dtype)  # (H, t, D)
                 if turn is not None:
                     cos, sin = turn[0][i, 0], turn[1][i, 0]  # (1, D)
                     k = k * cos + rotate_half(k) * sin
                 dst = slice(begin + skip - start, begin + size - start)
                 k_buf[0, :, dst] = k
-                v_buf[0, :, dst] = v[:, skip:]  # cast on copy
+                v_buf[0, :, dst] = _to_device(v[:, skip:], device)  # cast on copy
             begin += size
         layers.append((k_buf, v_buf, n - start, start, windows[i] is not None))
     return hf_compat.buffered_cache_of(layers, reserve), next_pos

@@ -213,7 +213,9 @@ def _load_adapter(adapter: Path, device: str, dtype: torch.dtype) -> LoadedModel
     base_spec = json.loads(meta_path.read_text())["model"]
     base = load_model(base_spec, device, torch.float32)
     merged = PeftModel.from_pretrained(base.model, str(adapter)).merge_and_unload()
-    merged.to(dtype).eval()  # merged in fp32, then cast: the adapter's small deltas survive the merge
+    for param in merged.parameters():  # merged in fp32, then cast: the adapter's small deltas survive it
+        param.data = param.data.to(dtype)
+    merged.eval()  # buffers keep their dtype: RoPE frequencies stay fp32, as in a model loaded in bf16
     fp = fingerprint(merged, base.tokenizer)
     return LoadedModel(merged, base.tokenizer, str(adapter), fp, base.device, dtype)
 

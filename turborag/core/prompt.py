@@ -15,8 +15,10 @@ sentinel and split there, giving the text before the user content (joined to the
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
+MEMO_PASSAGES = 8192  # passages whose token ids are remembered (a few MB)
 INSTRUCTION = "Answer the question using the passages below. Reply with a short answer.\n\n"
 _SENTINEL = "\x00TURBORAG_USER_CONTENT\x00"
 
@@ -57,6 +59,7 @@ class PromptLayout:
             bos = tokenizer.bos_token or ""
             self.before, self.after = bos, ""
         self._prefix = self._encode(self.before + self.instruction)
+        self._memo: OrderedDict[str, list[int]] = OrderedDict()  # passage text -> chunk ids (LRU)
 
     def _encode(self, text: str) -> list[int]:
         # Special tokens (BOS, turn markers) are written in the text, so the tokenizer must not add more.
@@ -72,5 +75,25 @@ class PromptLayout:
         cue = "\nAnswer:" if self.template == "plain" else ""
         return self._encode(f"Question: {question.strip()}{cue}" + self.after)
 
+    def chunks_ids(self, texts: list[str]) -> list[list[int]]:
+        """`chunk_ids` of many passages: remembered ones from the memo, the rest in one tokenizer call.
+
+        Retrieved passages recur (that is what makes their caches worth keeping), and tokenizing 8k tokens
+        of them costs ~8 ms on a 2-core CPU, as much as reading their caches; so the ids of the last
+        `MEMO_PASSAGES` passages are kept (LRU). The ids are a pure function of the text.
+        """
+        todo = list(dict.fromkeys(t for t in texts if t not in self._memo))
+        if todo:
+            enc = self.tokenizer([f"Passage: {t.strip()}\n\n" for t in todo], add_special_tokens=False)
+            for text, ids in zip(todo, enc["input_ids"]):
+                self._memo[text] = list(ids)
+        out = []
+        for text in texts:
+            self._memo.move_to_end(text)
+            out.append(list(self._memo[text]))
+        while len(self._memo) > MEMO_PASSAGES:
+            self._memo.popitem(last=False)
+        return out
+
     def build(self, question: str, passages: list[str]) -> Prompt:
-        return Prompt(self.prefix_ids(), [self.chunk_ids(p) for p in passages], self.suffix_ids(question))
+        return Prompt(self.prefix_ids(), self.chunks_ids(passages), self.suffix_ids(question))
