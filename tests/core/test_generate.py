@@ -23,7 +23,7 @@ def _run(text: str, **kw) -> tuple[str, str]:
 
 def test_stop_at_newline_skips_leading_newlines():
     out, text = _run("\n\n 1987\nQuestion: more", stop_at_newline=True)
-    assert out == text == "\n\n 1987"
+    assert out == text == "1987"  # leading whitespace is not part of the answer, streamed or not
 
 
 def test_stop_string_trimmed_and_never_emitted_partially():
@@ -50,3 +50,21 @@ def test_pick_greedy_and_filters():
 def test_bad_params(kw):
     with pytest.raises(ValueError):
         SamplingParams(**kw)
+
+
+@pytest.mark.parametrize(
+    "text,kw,answer",
+    [
+        ("  150\n", {}, "150"),
+        ("\n\t 150 \n\n", {}, "150"),
+        (" 1 5\n0  \n", {}, "1 5\n0"),
+        ("  150  ###more", {"stop": ["###"]}, "150"),
+        ("\n  150 \nQuestion: more", {"stop_at_newline": True}, "150"),
+        (" \n ", {}, ""),
+    ],
+)
+def test_deltas_concatenate_to_the_answer_text(text, kw, answer):
+    """A streamed answer reads exactly like the whole one (`Answer.text`, stripped): no leading whitespace,
+    no trailing whitespace either; whitespace inside the answer is kept, handed out once text follows it."""
+    out, streamed = _run(text, **kw)
+    assert out == streamed == answer

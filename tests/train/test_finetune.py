@@ -149,9 +149,12 @@ def _run_until(lm, cfg, stop_after):
         train.save_checkpoint = real_save
 
 
-def test_adapter_folder_loads_as_a_model(tmp_path, tiny_model_dir):
-    """`--model OUT/adapter` (base + LoRA merged at load) serves the same model as `--model OUT/model`."""
+def test_adapter_folder_loads_as_a_model(tmp_path, tiny_model_dir, monkeypatch):
+    """`--model OUT/adapter` (base + LoRA merged at load) serves the same model as `--model OUT/model`;
+    the merge is kept on disk, and a load from it is the same model (same fingerprint, same logits)."""
     from turborag.core.model import load_model
+
+    monkeypatch.setenv("TURBORAG_HOME", str(tmp_path / "home"))
 
     cfg = _cfg(tmp_path, model=tiny_model_dir, steps=3)
     merged_dir = finetune(load_model(tiny_model_dir, dtype="float32"), cfg, progress=False)
@@ -163,3 +166,9 @@ def test_adapter_folder_loads_as_a_model(tmp_path, tiny_model_dir):
     with torch.no_grad():
         la, lb = a.model(input_ids=x).logits, b.model(input_ids=x).logits
     assert (la - lb).abs().max().item() < 1e-4
+    merged = list((tmp_path / "home" / "models").glob("merged-adapter-*"))
+    assert len(merged) == 1 and (merged[0] / "config.json").exists()
+    again = load_model(str(merged_dir.parent / "adapter"), dtype="float32")  # from the kept merge
+    assert again.fingerprint == b.fingerprint
+    with torch.no_grad():
+        assert torch.equal(again.model(input_ids=x).logits, lb)

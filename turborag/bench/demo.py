@@ -13,6 +13,7 @@ so the questions are ones whose answer sits verbatim in one passage.
 from __future__ import annotations
 
 import json
+import shutil
 from importlib.resources import files
 from pathlib import Path
 
@@ -47,6 +48,7 @@ def run_demo(
     questions: list[str] | None = None,
     top_k: int = TOP_K,
     corpus: list[Path] | None = None,
+    remake_stale: bool = False,
 ) -> list[dict]:
     from turborag.rag.chunker import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP, Chunker
     from turborag.rag.embed import EMBEDDER, Embedder
@@ -55,20 +57,26 @@ def run_demo(
     from turborag.store.catalog import Catalog, StoreError
 
     questions = questions or QUESTIONS
+    settings = dict(
+        template=engine.layout.template,
+        store_dtype=engine.store.dtype,
+        dtype=str(engine.lm.dtype).removeprefix("torch."),
+        embedder=EMBEDDER,
+        chunk_tokens=DEFAULT_CHUNK_TOKENS,
+        chunk_overlap=DEFAULT_OVERLAP,
+    )
     try:
         catalog = Catalog(engine.store.root, create=True)
-        catalog.bind(
-            engine.lm.name,
-            engine.lm.fingerprint,
-            template=engine.layout.template,
-            store_dtype=engine.store.dtype,
-            embedder=EMBEDDER,
-            chunk_tokens=DEFAULT_CHUNK_TOKENS,
-            chunk_overlap=DEFAULT_OVERLAP,
-        )
+        catalog.bind(engine.lm.name, engine.lm.fingerprint, **settings)
     except StoreError as e:
-        console.print(f"error: {e}")
-        raise SystemExit(2) from e
+        if not remake_stale:
+            console.print(f"error: {e}")
+            raise SystemExit(2) from e
+        # Our own scratch store, made by an earlier demo with another model or dtype: make it anew.
+        console.print("the demo store was made with another model or dtype; making it anew")
+        shutil.rmtree(engine.store.root)
+        catalog = Catalog(engine.store.root, create=True)
+        catalog.bind(engine.lm.name, engine.lm.fingerprint, **settings)
     embedder = Embedder()
     chunker = Chunker(engine.lm.tokenizer, DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP)
     with console.status("ingesting the bundled corpus (offline step: chunk, precompute caches, embed)"):

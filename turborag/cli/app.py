@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import logging
 import sys
+import warnings
 
 import typer
+from typer.exceptions import TyperException
 
 from turborag.cli import ask, bench, cache, data, demo, documents, evaluate, finetune, serve
 
@@ -32,13 +34,40 @@ app.command()(documents.remove)
 app.command()(ask.ask)
 
 
+# Third-party warnings that say nothing to a user of the command line (they are about the libraries' own
+# internals); filtered here, at the entry point, never in the library.
+QUIET = [
+    (FutureWarning, r".*is_gradient_checkpointing.*"),  # transformers 5.x, on every model load
+]
+
+
+@app.callback()
+def _quiet() -> None:
+    for category, message in QUIET:
+        warnings.filterwarnings("ignore", message=message, category=category)
+
+
 def main() -> None:
+    """The `turborag` command: every error, a bad option value included, is one `error:` line and exit 2.
+
+    Typer's standalone mode draws usage errors as a multi-line box; here they are caught (typer's errors all
+    derive from `typer.exceptions.TyperException`) and printed as the rest of turborag's errors are.
+    """
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        app()
-    except KeyboardInterrupt:
+        code = app(standalone_mode=False)
+    except TyperException as e:
+        if type(e).__name__ == "NoArgsIsHelpError":  # `turborag bench`: the group's help, as typer shows it
+            e.show()
+            sys.exit(2)
+        ctx = getattr(e, "ctx", None)
+        hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        typer.echo(f"error: {e.format_message()}{hint}", err=True)
+        sys.exit(getattr(e, "exit_code", 2))
+    except (KeyboardInterrupt, typer.Abort):
         typer.echo("interrupted", err=True)
         sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

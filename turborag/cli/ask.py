@@ -17,8 +17,9 @@ from turborag.cli.common import (
     StoreTemplateOpt,
     fail,
 )
-from turborag.cli.loading import load_engine, open_catalog
-from turborag.core.engine import MODES
+from turborag.cli.loading import default_store, load_engine, open_catalog
+from turborag.cli.remote import ServerError, ServerUnreachable, ask_server, find_server
+from turborag.core.defaults import MODES
 
 
 def ask(
@@ -31,18 +32,53 @@ def ask(
     device: str = DeviceOpt,
     template: str = StoreTemplateOpt,
     dtype: str = StoreDtypeOpt,
+    server: str = typer.Option(
+        None,
+        "--server",
+        help="answer through this running `turborag serve` (URL); default: the server "
+        "running on --store, if there is one",
+    ),
+    local: bool = typer.Option(False, "--local", help="load the model here even if a server is running"),
+    api_key: str = typer.Option(None, envvar="TURBORAG_API_KEY", help="the server's API key, if it has one"),
     as_json: bool = JsonOpt,
 ) -> None:
-    """Answer from the store: retrieve top-k chunks, reuse their caches (turbo) or prefill them (full)."""
-    from turborag.core.engine import Answer, PromptTooLong
-    from turborag.core.generate import SamplingParams
-    from turborag.rag.embed import Embedder
-    from turborag.rag.retrieve import Retriever, fit_passages
-
+    """Answer from the store: retrieve top-k chunks, reuse their caches (turbo) or prefill them (full).
+    Through a running `turborag serve` of the same store when there is one (no model load here)."""
     if mode not in MODES:
         fail(f"unknown mode {mode}: use one of {', '.join(MODES)}")
     if not question.strip():
         fail("the question is empty")
+    # Asking for a particular model, dtype, template or device means this process's own engine.
+    own_engine = bool(model or template or dtype or device != "cpu")
+    url = server or (None if local or own_engine else find_server(store or default_store()))
+    if url:
+        try:
+            return _ask_remote(url, question, mode, top_k, max_new_tokens, api_key, as_json)
+        except ServerUnreachable as e:
+            if server:
+                fail(str(e))
+            typer.echo(f"warning: {e}; answering here", err=True)
+        except ServerError as e:
+            fail(str(e))
+    _ask_local(question, store, mode, top_k, max_new_tokens, model, device, template, dtype, as_json)
+
+
+def _ask_remote(url, question, mode, top_k, max_new_tokens, api_key, as_json) -> None:
+    answer = None
+    for item in ask_server(url, question, mode, top_k, max_new_tokens, api_key):
+        if not isinstance(item, str):
+            answer = item
+        elif not as_json:
+            sys.stdout.write(item)
+            sys.stdout.flush()
+    _report(answer, answer.mode or mode, answer.chunks, as_json, via=url)
+
+
+def _ask_local(question, store, mode, top_k, max_new_tokens, model, device, template, dtype, as_json) -> None:
+    from turborag.core.engine import Answer, PromptTooLong
+    from turborag.rag.embed import Embedder
+    from turborag.rag.retrieve import Retriever, fit_passages
+
     catalog = open_catalog(store, create=False)
     engine = load_engine(catalog, model, device, template, dtype=dtype)
     retriever = Retriever(catalog, Embedder())
@@ -59,8 +95,7 @@ def ask(
             "answering from the rest",
             err=True,
         )
-    # Base models run on after their answer ("Question: ..."): stop at the line end; chat models stop at EOS.
-    params = SamplingParams(max_new_tokens=max_new_tokens, stop_at_newline=engine.layout.template == "plain")
+    params = engine.qa_params(max_new_tokens)
     answer = None
     for item in engine.stream(question, [p.text for p in passages], mode, params):
         if isinstance(item, Answer):
@@ -74,7 +109,11 @@ def ask(
             "recomputed for this answer (`turborag cache verify` checks them all)",
             err=True,
         )
-    ids = [p.chunk_id for p in passages]
+    _report(answer, mode, [p.chunk_id for p in passages], as_json)
+
+
+def _report(answer, mode: str, ids: list[str], as_json: bool, via: str | None = None) -> None:
+    """The answer's numbers: one JSON object on stdout, or one line on stderr after the streamed text."""
     if as_json:
         out = {
             "answer": answer.text,
@@ -89,9 +128,9 @@ def ask(
         return
     typer.echo("")
     typer.echo(
-        f"[{mode}] TTFT {answer.ttft_s * 1000:.0f} ms, total {answer.total_s:.2f} s, "
-        f"{answer.prompt_tokens} prompt tokens ({answer.cached_tokens} from caches); passages: "
-        + ", ".join(_short(i) for i in ids),
+        f"[{mode}{f' via {via}' if via else ''}] TTFT {answer.ttft_s * 1000:.0f} ms, "
+        f"total {answer.total_s:.2f} s, {answer.prompt_tokens} prompt tokens "
+        f"({answer.cached_tokens} from caches); passages: " + ", ".join(_short(i) for i in ids),
         err=True,
     )
 

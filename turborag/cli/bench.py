@@ -21,7 +21,7 @@ from turborag.cli.common import (
     stdout,
 )
 from turborag.cli.loading import engine_for, load_engine, open_catalog
-from turborag.core.model import DEFAULT_MODEL, turborag_home
+from turborag.core.defaults import DEFAULT_MODEL, turborag_home
 
 app = typer.Typer(help="Benchmarks (ratios measured side by side in one run).", no_args_is_help=True)
 
@@ -241,3 +241,40 @@ def bench_ask_cmd(
             f"{r['retrieval_ms']:.0f}",
         )
     Console().print(table)
+
+
+@app.command("cold-ask")
+def bench_cold_ask_cmd(
+    store: Path = typer.Option(None, help="store to ask (default: the demo's, $TURBORAG_HOME/demo-store)"),
+    repeats: int = typer.Option(3, min=1, max=20, help="asks of each kind (median reported)"),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Wall clock of `turborag ask` in a new process: cold (loads the model) and through a running server."""
+    from turborag.bench.startup import bench_cold_ask
+
+    root = store or turborag_home() / "demo-store"
+    if not (root / "catalog.sqlite").is_file():
+        fail(f"no store at {root}: run `turborag demo` first (or pass --store)")
+    try:
+        r = bench_cold_ask(root, repeats, log=(lambda m: None) if as_json else console.print)
+    except RuntimeError as e:
+        fail(str(e), code=1)
+    if as_json:
+        typer.echo(json.dumps(r))
+        return
+    table = Table(title=f"`turborag ask` wall clock on {root}, median of {repeats}")
+    for col in ("", "wall clock (s)", "TTFT (s)", "wall - TTFT (s)"):
+        table.add_column(col, justify="right")
+    table.add_row(
+        "cold (new process, loads the model)",
+        f"{r['cold_wall_s']:.2f}",
+        f"{r['cold_ttft_s']:.3f}",
+        f"{r['cold_wall_s'] - r['cold_ttft_s']:.2f}",
+    )
+    table.add_row(
+        "through a running server",
+        f"{r['server_wall_s']:.2f}",
+        f"{r['server_ttft_s']:.3f}",
+        f"{r['server_overhead_s']:.2f}",
+    )
+    stdout().print(table)

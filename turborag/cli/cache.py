@@ -7,12 +7,12 @@ import json
 from pathlib import Path
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from turborag.cli.common import JsonOpt, StoreOpt, fail
+from turborag.cli.common import JsonOpt, StoreOpt, fail, plural, stdout
 from turborag.cli.loading import open_catalog, store_kv
-from turborag.store.catalog import StoreError
+
+# The store (and through it torch) is imported inside the commands, so that loading the CLI stays light.
 
 app = typer.Typer(help="The store's KV caches: stats, verify, gc.", no_args_is_help=True)
 
@@ -22,15 +22,46 @@ def _cache_files(root: Path) -> list[Path]:
     return sorted(kv.glob("*/*.safetensors")) if kv.is_dir() else []
 
 
+# What each `cache stats` number counts, said in its table: entries are what the catalog names, files what is
+# on disk, and the tokens are not the ones ingest reports (see the caption).
+_STATS_LABELS = {
+    "files": "source files",
+    "tokens": "chunk text tokens",
+    "cache_entries": "cache entries (catalog)",
+    "cache_files": "cache files present",
+    "missing_caches": "cache files missing",
+    "cache_bytes": "cache bytes (files present)",
+    "disk_bytes": "bytes of all cache files",
+    "orphan_files": "orphan cache files (gc removes)",
+}
+_STATS_CAPTION = (
+    "chunk text tokens: every chunk's text alone, without the \"Passage: \" wrapping that ingest's token "
+    "count includes. Cache entries are the caches the catalog names; a missing file (e.g. removed by "
+    "`cache verify`) is recomputed by the next ingest."
+)
+
+
 @app.command("stats")
 def cache_stats(store: Path = StoreOpt, as_json: bool = JsonOpt) -> None:
-    """Documents, chunks, tokens and cache bytes in the store."""
+    """Documents, chunks, tokens and caches in the store: the catalog's cache entries, and which of their
+    files are on disk (a damaged file that `cache verify` removed is counted as missing, not present)."""
     catalog = open_catalog(store, create=False)
     meta = catalog.meta()
-    stats = catalog.stats()
+    counts = catalog.stats()
     files = _cache_files(catalog.root)
-    known = {k for k, _ in catalog.cache_entries()}
-    stats.update(
+    on_disk = {f.stem for f in files}
+    entries = catalog.cache_entries()
+    known = {k for k, _ in entries}
+    present = [b for k, b in entries if k in on_disk]
+    stats = dict(
+        documents=counts["documents"],
+        files=counts["files"],
+        chunks=counts["chunks"],
+        tokens=counts["tokens"],
+        cache_entries=counts["cache_entries"],
+        cache_files=len(present),
+        missing_caches=len(entries) - len(present),
+        cache_bytes=sum(present),
         store=str(catalog.root),
         model=meta.get("model"),
         model_fingerprint=meta.get("model_fingerprint"),
@@ -40,14 +71,23 @@ def cache_stats(store: Path = StoreOpt, as_json: bool = JsonOpt) -> None:
         disk_bytes=sum(f.stat().st_size for f in files),
         orphan_files=sum(1 for f in files if f.stem not in known),
     )
+    missing = stats["missing_caches"]
+    if missing:
+        one = missing == 1
+        typer.echo(
+            f"{plural(missing, 'chunk cache')} {'is' if one else 'are'} missing: `turborag ingest` on the "
+            f"same paths recomputes {'it' if one else 'them'} (so does `ask`, when needed)",
+            err=True,
+        )
     if as_json:
         typer.echo(json.dumps(stats))
         return
-    table = Table(title=f"store {catalog.root}", show_header=False)
+    table = Table(title=f"store {catalog.root}", caption=_STATS_CAPTION, show_header=False)
     for k, v in stats.items():
         if k != "store":
-            table.add_row(k.replace("_", " "), f"{v:,}" if isinstance(v, int) else str(v))
-    Console().print(table)
+            label = _STATS_LABELS.get(k, k.replace("_", " "))
+            table.add_row(label, f"{v:,}" if isinstance(v, int) else str(v))
+    stdout().print(table)
 
 
 @app.command("verify")
@@ -62,6 +102,8 @@ def cache_verify(
     cache is missing or damaged. `turborag ingest` on the same paths recomputes them (so does `ask`).
     Format-1 caches (earlier turborag) are read whole on every use; --migrate rewrites them as format 2,
     whose requests read only the layers they need."""
+    from turborag.store.catalog import StoreError
+
     catalog = open_catalog(store, create=False)
     kv = store_kv(catalog)
     ok, missing, damaged, migrated = 0, [], [], 0
@@ -89,28 +131,36 @@ def cache_verify(
     except StoreError as e:
         fail(str(e))
     except OSError as e:  # e.g. disk full: every cache not yet migrated is still intact, in format 1
-        fail(f"migration stopped after {migrated} caches ({e}); the others are unchanged and still readable")
+        fail(
+            f"migration stopped after {plural(migrated, 'chunk cache')} ({e}); the others are unchanged and "
+            "still readable"
+        )
     out = {"ok": ok, "missing": len(missing), "damaged": len(damaged), "formats": formats}
     if migrate:
         out["migrated"] = migrated
     if as_json:
         typer.echo(json.dumps(out))
     else:
+        # A damaged file is removed as soon as it is found: say so, but only when there was one.
+        bad = f"{len(damaged)} damaged and removed" if damaged else "0 damaged"
         typer.echo(
-            f"{ok} caches ok (format 2: {formats['2']}, format 1: {formats['1']}), {len(missing)} missing, "
-            f"{len(damaged)} damaged (removed)" + (f", {migrated} migrated to format 2" if migrate else ""),
+            f"{plural(ok, 'chunk cache')} ok (format 2: {formats['2']}, format 1: {formats['1']}), "
+            f"{len(missing)} missing, {bad}" + (f", {migrated} migrated to format 2" if migrate else ""),
             err=True,
         )
     if formats["1"] and not migrate:
+        # The count is a parenthesis, which reads right for any number (and tests/store asserts this line).
         typer.echo(
             f"format-1 caches ({formats['1']}) are still read, through the slower whole-file path; "
             f"`turborag cache verify --migrate --store {catalog.root}` rewrites them as format 2",
             err=True,
         )
     if missing or damaged:
+        n = len(missing) + len(damaged)
         fail(
-            f"{len(missing) + len(damaged)} caches need recomputing: run `turborag ingest` on the same paths "
-            f"with --store {catalog.root} (or let `ask` recompute them when needed)",
+            f"{plural(n, 'chunk cache')} {'needs' if n == 1 else 'need'} recomputing: run `turborag ingest` "
+            f"on the same paths with --store {catalog.root} (or let `ask` recompute "
+            f"{'it' if n == 1 else 'them'} when needed)",
             code=1,
         )
 
@@ -119,6 +169,7 @@ def cache_verify(
 def cache_gc(store: Path = StoreOpt, as_json: bool = JsonOpt) -> None:
     """Delete caches no chunk uses (left by changed, removed or killed ingests) and stale temp files."""
     from turborag.rag.ingest import INDEX_FILE, free_caches
+    from turborag.store.catalog import StoreError
 
     catalog = open_catalog(store, create=False)
     kv = store_kv(catalog)
@@ -142,4 +193,4 @@ def cache_gc(store: Path = StoreOpt, as_json: bool = JsonOpt) -> None:
     if as_json:
         typer.echo(json.dumps({"files_removed": files, "bytes_freed": freed}))
     else:
-        typer.echo(f"removed {files} unused files, {freed / 1e6:.1f} MB freed", err=True)
+        typer.echo(f"removed {plural(files, 'unused file')}, {freed / 1e6:.1f} MB freed", err=True)

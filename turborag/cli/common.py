@@ -9,7 +9,7 @@ from __future__ import annotations
 import typer
 from rich.console import Console
 
-from turborag.core.model import DEFAULT_MODEL
+from turborag.core.defaults import BASE_MODEL, DEFAULT_MODEL
 
 console = Console(stderr=True)
 
@@ -41,7 +41,7 @@ def int_list(value: str, option: str) -> list[int]:
 ModelOpt = typer.Option(
     DEFAULT_MODEL,
     "--model",
-    help="gemma-3-270m-turbo, gemma-3-270m (base), an HF model or adapter folder, a .gguf",
+    help=f"{DEFAULT_MODEL} (default), {BASE_MODEL} (its base), an HF model or adapter folder, a .gguf",
 )
 DeviceOpt = typer.Option("cpu", "--device", help="cpu, cuda, cuda:N or auto")
 DtypeOpt = typer.Option(
@@ -57,7 +57,10 @@ TemplateOpt = typer.Option(
 # Options of the commands that work on a store (ingest, ask, remove, cache): the store remembers its model.
 StoreOpt = typer.Option(None, "--store", help="store directory (default: $TURBORAG_HOME/store)")
 StoreModelOpt = typer.Option(
-    None, "--model", help="gemma-3-270m, an HF model folder or a .gguf file (default: the store's model)"
+    None,
+    "--model",
+    help=f"{DEFAULT_MODEL}, {BASE_MODEL}, an HF model or adapter folder or a .gguf file "
+    "(default: the store's model)",
 )
 StoreTemplateOpt = typer.Option(None, "--template", help="auto, plain or chat (default: the store's)")
 StoreDtypeOpt = typer.Option(
@@ -66,3 +69,10 @@ StoreDtypeOpt = typer.Option(
     help="compute dtype: auto, float32, bfloat16, float16 (default: the store's; auto for a new store)",
 )
 JsonOpt = typer.Option(False, "--json", help="print one JSON object")
+
+
+def plural(n: int, word: str, plural_word: str | None = None) -> str:
+    """A count with its noun in the right number: plural(1, "chunk cache") == "1 chunk cache",
+    plural(3, "chunk cache") == "3 chunk caches". The count messages people read go through here, so
+    "1 documents" cannot slip back in; `plural_word` is for nouns that do not just take an "s" ("entries")."""
+    return f"{n} {word if n == 1 else plural_word or word + 's'}"

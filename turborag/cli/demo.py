@@ -8,7 +8,7 @@ import typer
 
 from turborag.cli.common import DeviceOpt, DtypeOpt, ModelOpt, TemplateOpt, stdout
 from turborag.cli.loading import engine_for
-from turborag.core.model import turborag_home
+from turborag.core.defaults import turborag_home
 
 
 def demo(
@@ -22,4 +22,4 @@ def demo(
     from turborag.bench.demo import run_demo
 
     engine = engine_for(model, device, store or turborag_home() / "demo-store", template, dtype)
-    run_demo(engine, stdout())
+    run_demo(engine, stdout(), remake_stale=store is None)  # the default store is the demo's own

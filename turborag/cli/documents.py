@@ -21,9 +21,12 @@ from turborag.cli.common import (
     StoreTemplateOpt,
     console,
     fail,
+    plural,
 )
-from turborag.cli.loading import load_engine, open_catalog, store_kv
-from turborag.store.catalog import StoreError
+from turborag.cli.loading import default_store, load_engine, open_catalog, store_kv
+
+# The store, the model and the RAG pipeline (torch with them) are imported inside the commands, so that
+# loading the CLI stays light.
 
 
 class RichProgress:
@@ -89,21 +92,34 @@ def ingest(
     from turborag.rag.chunker import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP, Chunker, check_params
     from turborag.rag.embed import Embedder
     from turborag.rag.ingest import Ingestor, StoreWriteError
+    from turborag.rag.loaders import LoadReport, find_files
+    from turborag.store.catalog import StoreError, is_store
 
     for p in paths:
         if not p.expanduser().exists():
             fail(f"no such file or folder: {p}")
+    if not is_store((store or default_store()).expanduser()):
+        # A new store and no file it could read: say so before creating anything or loading the model.
+        report = LoadReport()
+        if not find_files(paths, report):
+            _print_skipped(report.skipped)
+            fail(f"{_nothing_to_ingest(paths, len(report.skipped))}; no store was created", code=1)
     catalog = open_catalog(store, create=True)
-    meta = catalog.meta()
-    size = chunk_tokens or int(meta.get("chunk_tokens", DEFAULT_CHUNK_TOKENS))
-    ovl = overlap if overlap is not None else int(meta.get("chunk_overlap", min(DEFAULT_OVERLAP, size // 2)))
     try:
-        check_params(size, ovl)
-    except ValueError as e:
-        fail(str(e))
-    engine = load_engine(
-        catalog, model, device, template, ingest=True, dtype=dtype, chunk_tokens=size, chunk_overlap=ovl
-    )
+        meta = catalog.meta()
+        size = chunk_tokens or int(meta.get("chunk_tokens", DEFAULT_CHUNK_TOKENS))
+        default_overlap = int(meta.get("chunk_overlap", min(DEFAULT_OVERLAP, size // 2)))
+        ovl = overlap if overlap is not None else default_overlap
+        try:
+            check_params(size, ovl)
+        except ValueError as e:
+            fail(str(e))
+        engine = load_engine(
+            catalog, model, device, template, ingest=True, dtype=dtype, chunk_tokens=size, chunk_overlap=ovl
+        )
+    except typer.Exit:
+        catalog.discard()  # a store this run created, bound to nothing yet: not left behind
+        raise
     chunker = Chunker(engine.lm.tokenizer, size, ovl)
     ingestor = Ingestor(engine, catalog, Embedder(), chunker, progress=RichProgress(enabled=not as_json))
     try:
@@ -112,23 +128,60 @@ def ingest(
         fail(str(e), code=1)
     except (FileNotFoundError, StoreError) as e:
         fail(str(e))
-    for path, reason in res.skipped:
-        typer.echo(f"skipped {path}: {reason}", err=True)
+    _print_skipped(res.skipped)
     for w in res.warnings:
         typer.echo(f"warning: {w}", err=True)
+    if not res.documents:
+        nothing = _nothing_to_ingest(paths, len(res.skipped))
+        if catalog.discard():  # the store is new and holds nothing: exit 1, as if it had never been made
+            fail(f"{nothing}; no store was created", code=1)
+        typer.echo(f"warning: {nothing}", err=True)
+    if res.gone_documents:
+        n = res.gone_documents
+        typer.echo(
+            f"warning: {plural(n, 'document')} under {_names(paths)} {'is' if n == 1 else 'are'} gone from "
+            f"disk but still searchable in the store; ingest with --prune to drop "
+            f"{'it' if n == 1 else 'them'}",
+            err=True,
+        )
     if as_json:
         typer.echo(json.dumps(res.summary()))
         return
     tps = f" ({res.tokens / res.seconds:.0f} tokens/s)" if res.tokens and res.seconds else ""
+    computed = f"Computed {plural(res.computed_chunks, 'chunk cache')}"
+    if res.tokens:  # not the catalog's count (`cache stats`: chunk texts alone), so say what this one is
+        computed += (
+            f': {plural(res.tokens, "token")} as the prompt holds them ("Passage: " wrapping included)'
+        )
     typer.echo(
-        f"{res.documents} documents ({res.unchanged_documents} unchanged), {res.chunks} chunks: "
-        f"{res.new_chunks} new, {res.removed_chunks} removed"
-        + (f", {res.pruned_documents} documents pruned" if res.pruned_documents else "")
-        + f". Computed {res.computed_chunks} caches, {res.tokens} tokens in {res.seconds:.1f} s{tps}, "
-        f"{res.cache_bytes / 1e6:.1f} MB written"
-        + (f" ({res.repaired_caches} missing caches recomputed)" if res.repaired_caches else "")
+        f"{plural(res.documents, 'document')} ({res.unchanged_documents} unchanged), "
+        f"{plural(res.chunks, 'chunk')}: {res.new_chunks} new, {res.removed_chunks} removed"
+        + (f", {plural(res.pruned_documents, 'document')} pruned" if res.pruned_documents else "")
+        + f". {computed} in {res.seconds:.1f} s{tps}"
+        + (f", {res.cache_bytes / 1e6:.1f} MB written" if res.cache_bytes else "")
+        + (
+            f" ({plural(res.repaired_caches, 'missing chunk cache')} recomputed)"
+            if res.repaired_caches
+            else ""
+        )
         + f". Store: {catalog.root}"
     )
+
+
+def _print_skipped(skipped: list[tuple[str, str]]) -> None:
+    for path, reason in skipped:
+        typer.echo(f"skipped {path}: {reason}", err=True)
+
+
+def _names(paths: list[Path]) -> str:
+    return ", ".join(map(str, paths))
+
+
+def _nothing_to_ingest(paths: list[Path], skipped: int) -> str:
+    """The one line for a run that found no document: which paths, and whether anything was there at all
+    (the skipped files are named on the lines above it)."""
+    found = f"no supported, readable document ({plural(skipped, 'file')} skipped)"
+    return f"nothing to ingest in {_names(paths)}: {found if skipped else 'no files found'}"
 
 
 def remove(
@@ -141,6 +194,7 @@ def remove(
     """Drop documents (and their caches) from the store."""
     from turborag.rag.ingest import StoreWriteError
     from turborag.rag.ingest import remove as remove_documents
+    from turborag.store.catalog import StoreError
 
     catalog = open_catalog(store, create=False)
     try:
@@ -152,6 +206,6 @@ def remove(
     if as_json:
         typer.echo(json.dumps({"documents": docs, "chunks": chunks}))
     elif docs:
-        typer.echo(f"removed {docs} documents ({chunks} chunks) from {catalog.root}")
+        typer.echo(f"removed {plural(docs, 'document')} ({plural(chunks, 'chunk')}) from {catalog.root}")
     if not docs:
         fail(f"nothing in {catalog.root} comes from {', '.join(map(str, paths))}", code=1)

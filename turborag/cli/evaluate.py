@@ -10,7 +10,7 @@ from rich.table import Table
 
 from turborag.cli.common import DeviceOpt, DtypeOpt, ModelOpt, TemplateOpt, fail, stdout
 from turborag.cli.loading import engine_for
-from turborag.core.engine import MODES
+from turborag.core.defaults import MODES
 
 
 def parse_modes(modes: str) -> list[str]:

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from turborag.cli.common import DeviceOpt, TemplateOpt, fail
-from turborag.core.model import BASE_MODEL, ModelError
+from turborag.core.defaults import BASE_MODEL
 
 
 def finetune(
@@ -27,7 +27,7 @@ def finetune(
     template: str = TemplateOpt,
 ) -> None:
     """Cache-aware fine-tune: trains through the serving path (independent chunks, reordered positions)."""
-    from turborag.core.model import load_model
+    from turborag.core.model import ModelError, load_model
     from turborag.train.finetune import TrainConfig
     from turborag.train.finetune import finetune as run
 

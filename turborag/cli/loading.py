@@ -8,10 +8,16 @@ serve): a store remembers its model, template, cache dtype and chunking, and a d
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from turborag.cli.common import console, fail
-from turborag.core.model import DEFAULT_MODEL, ModelError, turborag_home
-from turborag.store.catalog import Catalog, StoreError
+from turborag.core.defaults import DEFAULT_MODEL, turborag_home
+
+if TYPE_CHECKING:
+    from turborag.store.catalog import Catalog
+
+# torch, transformers and the store are imported inside the functions that need them: `turborag ask` that
+# answers through a running server, and `--help`, never load them.
 
 
 def engine_for(
@@ -25,7 +31,7 @@ def engine_for(
     """An engine over a cache store that is not bound to a catalog (default: $TURBORAG_HOME/eval-store).
     Caches are kept in the compute dtype when it is 16-bit, else in fp16 (`cache_dtype` overrides)."""
     from turborag.core.engine import Engine
-    from turborag.core.model import cache_dtype_for, load_model
+    from turborag.core.model import ModelError, cache_dtype_for, load_model
     from turborag.store.kv_store import KVStore
 
     try:
@@ -44,6 +50,8 @@ def default_store() -> Path:
 
 
 def open_catalog(store: Path | None, create: bool) -> Catalog:
+    from turborag.store.catalog import Catalog, StoreError
+
     try:
         return Catalog(store or default_store(), create=create)
     except StoreError as e:
@@ -76,6 +84,7 @@ def load_engine(
 
     from turborag.core.engine import Engine
     from turborag.core.model import (
+        ModelError,
         cache_dtype_for,
         dtype_name,
         legacy_dtype,
@@ -84,6 +93,7 @@ def load_engine(
         resolve_dtype,
     )
     from turborag.rag.embed import EMBEDDER
+    from turborag.store.catalog import StoreError
     from turborag.store.kv_store import KVStore
 
     transformers.utils.logging.disable_progress_bar()  # "Loading weights" bars; ingest draws its own

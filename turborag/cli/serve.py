@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import signal
+import sys
 from pathlib import Path
 
 import typer
 
 from turborag.cli.common import DeviceOpt, StoreDtypeOpt, console
 from turborag.cli.loading import default_store, engine_for, load_engine, open_catalog
-from turborag.core.model import DEFAULT_MODEL
+from turborag.cli.remote import local_url, remove_server_file, write_server_file
+from turborag.core.defaults import DEFAULT_MODEL
 
 
 def serve(
@@ -18,7 +21,9 @@ def serve(
         help="store to retrieve from (default: $TURBORAG_HOME/store "
         "if it exists; without one, chat answers without retrieval)",
     ),
-    model: str = typer.Option(None, "--model", help="model (default: the store's model, else gemma-3-270m)"),
+    model: str = typer.Option(
+        None, "--model", help=f"model (default: the store's model, else {DEFAULT_MODEL})"
+    ),
     host: str = typer.Option("127.0.0.1", help="bind address (localhost unless told otherwise)"),
     port: int = typer.Option(8000, min=1, max=65535),
     api_key: str = typer.Option(None, envvar="TURBORAG_API_KEY", help="require 'Authorization: Bearer KEY'"),
@@ -36,7 +41,17 @@ def serve(
     app = create_app(backend, api_key=api_key, max_queue=max_queue)
     where = f"store {backend.documents.root}" if backend.documents else "no store (no retrieval)"
     console.print(f"serving {backend.model_name} on http://{host}:{port}/v1 with {where}")
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    if backend.documents is None:
+        uvicorn.run(app, host=host, port=port, log_level="warning")
+        return
+    # `turborag ask` on this store finds the server through this file and asks it instead of loading a model.
+    # uvicorn re-raises SIGTERM after its graceful shutdown; exiting through SystemExit lets `finally` run.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    write_server_file(backend.documents.root, local_url(host, port), backend.model_name, bool(api_key))
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning")
+    finally:
+        remove_server_file(backend.documents.root)
 
 
 def serve_backend(

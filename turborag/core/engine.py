@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from turborag.core import hf_compat, kv, recompute
+from turborag.core.defaults import MODES
 from turborag.core.generate import SamplingParams, TextStream, decode, eos_ids
 from turborag.core.model import LoadedModel, layer_inv_freq, layer_windows
 from turborag.core.prefix_cache import PrefixCache
@@ -30,7 +31,6 @@ from turborag.core.prompt import Prompt, PromptLayout
 from turborag.store.chunk_kv import ChunkKV
 from turborag.store.kv_store import KVStore, cache_key
 
-MODES = ("full", "turbo", "turbo-composite", "turbo-epic", "turbo-blend")
 _POSITIONS = {
     "turbo": "reordered",
     "turbo-composite": "composite",
@@ -140,6 +140,12 @@ class Engine:
                 f"context window of {limit} tokens"
             )
 
+    def qa_params(self, max_new_tokens: int = 64) -> SamplingParams:
+        """The defaults for answering a question from passages. A base model (plain template) does not stop
+        after its answer: it runs on into a made-up "Question: ..." line, so it stops at the end of the line;
+        a chat model stops at its end-of-turn token."""
+        return SamplingParams(max_new_tokens=max_new_tokens, stop_at_newline=self.layout.template == "plain")
+
     def answer(
         self,
         question: str,
@@ -147,7 +153,7 @@ class Engine:
         mode: str = "turbo",
         params: SamplingParams | None = None,
     ):
-        """Run to completion; returns the Answer."""
+        """Run to completion; returns the Answer. `params` default to `qa_params()`."""
         result = None
         for item in self.stream(question, passages, mode, params):
             if isinstance(item, Answer):
@@ -161,9 +167,9 @@ class Engine:
         mode: str = "turbo",
         params: SamplingParams | None = None,
     ) -> Iterator[str | Answer]:
-        """Yield text deltas as they are decoded, then the final Answer."""
+        """Yield text deltas as they are decoded, then the final Answer. `params` default to `qa_params()`."""
         check_mode(mode)
-        params = params or SamplingParams()
+        params = params or self.qa_params()
         t0 = time.perf_counter()
         prompt = self.layout.build(question, list(passages))
         self.check_length(len(prompt.ids), params.max_new_tokens)

@@ -73,13 +73,19 @@ class TextStream:
 
     Decodes the whole generated id list each step (tokens that merge into one character are then right)
     and holds back any tail that could still become a stop string.
+
+    The text handed out is the answer with its surrounding whitespace removed, exactly what `Answer.text`
+    holds: models often open with a space or a newline (a sentencepiece "▁150"), and a streamed answer must
+    read the same as the whole one. Leading whitespace is dropped; whitespace after text is held back until
+    more text follows it (one token later), so trailing whitespace is never handed out and there is nothing
+    to take back at the end. `text` is always the concatenation of the deltas handed out so far.
     """
 
     def __init__(self, tokenizer, params: SamplingParams):
         self.tokenizer = tokenizer
         self.stops = list(params.stop) + (["\n"] if params.stop_at_newline else [])
         self.ids: list[int] = []
-        self.emitted = 0  # characters already handed out
+        self.emitted = 0  # characters of the decoded text handed out (or, if leading whitespace, skipped)
         self.text = ""
         self.stopped = False
 
@@ -104,18 +110,26 @@ class TextStream:
                     if text.endswith(s[:n]):
                         safe = min(safe, len(text) - n)
                         break
-        delta = text[self.emitted : safe]
-        self.emitted = max(self.emitted, safe)
-        self.text = text[: self.emitted]
-        return delta
+        return self._hand_out(text, safe)
 
     def flush(self) -> str:
+        """The rest of the answer once decoding has ended: what was held back for a stop string that never
+        came (trailing whitespace stays dropped)."""
         if self.stopped:
             return ""
         text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        delta = text[self.emitted :]
-        self.emitted = len(text)
-        self.text = text
+        return self._hand_out(text, len(text))
+
+    def _hand_out(self, text: str, safe: int) -> str:
+        """The delta of the answer within `text[:safe]`: from the first non-space character (or from where the
+        last delta ended) up to the last non-space one."""
+        begin = max(self.emitted, len(text) - len(text.lstrip()))
+        end = len(text[:safe].rstrip())
+        if end <= begin:
+            return ""
+        delta = text[begin:end]
+        self.emitted = end
+        self.text += delta
         return delta
 
 

