@@ -44,3 +44,18 @@ def test_caches_are_kept_in_the_compute_dtype_when_it_is_16_bit():
     assert cache_dtype_for(torch.bfloat16) == "bfloat16"
     assert cache_dtype_for(torch.float16) == "float16"
     assert cache_dtype_for(torch.float32) == "float16"
+
+
+def test_file_digests_are_remembered_until_the_file_changes(tmp_path, monkeypatch):
+    import hashlib
+
+    monkeypatch.setenv("TURBORAG_HOME", str(tmp_path / "home"))
+    f = tmp_path / "model.gguf"
+    f.write_bytes(b"weights v1")
+    calls = []
+    real = model_mod._sha256_file
+    monkeypatch.setattr(model_mod, "_sha256_file", lambda p: calls.append(p) or real(p))
+    assert model_mod._file_digest(f) == hashlib.sha256(b"weights v1").hexdigest()
+    assert model_mod._file_digest(f) == hashlib.sha256(b"weights v1").hexdigest() and len(calls) == 1
+    f.write_bytes(b"weights v2, longer")  # another size (and mtime): hashed again
+    assert model_mod._file_digest(f) == hashlib.sha256(b"weights v2, longer").hexdigest() and len(calls) == 2
