@@ -119,3 +119,10 @@ def tiny_model_dir(tmp_path_factory) -> str:
     make("gemma3").save_pretrained(out)
     char_tokenizer().save_pretrained(out)
     return str(out)
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    """A temp folder that is also $TURBORAG_HOME/.. (stores, converted models and caches go under it)."""
+    monkeypatch.setenv("TURBORAG_HOME", str(tmp_path / "home"))
+    return tmp_path

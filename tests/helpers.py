@@ -68,3 +68,11 @@ def one_page_pdf(lines: list[str]) -> bytes:
     out += b"".join(f"{o:010d} 00000 n \n".encode() for o in offsets)
     out += f"trailer\n<< /Size {len(objs) + 1} /Root 1 0 R >>\nstartxref\n{xref}\n%%EOF\n".encode()
     return out
+
+
+def cli_json(result) -> dict:
+    """The last stdout line of a successful CLI run (typer's CliRunner result), parsed as JSON."""
+    import json
+
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout.strip().splitlines()[-1])

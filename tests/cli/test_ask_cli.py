@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import write_corpus
+from helpers import cli_json, write_corpus
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -20,15 +20,7 @@ INGEST_KEYS = {"documents", "chunks", "new_chunks", "removed_chunks", "tokens", 
 ASK_KEYS = {"answer", "mode", "ttft_s", "total_s", "prompt_tokens", "cached_tokens", "chunks"}
 
 
-@pytest.fixture
-def env(tmp_path, monkeypatch):
-    monkeypatch.setenv("TURBORAG_HOME", str(tmp_path / "home"))
-    return tmp_path
-
-
-def _json(r):
-    assert r.exit_code == 0, r.output
-    return json.loads(r.stdout.strip().splitlines()[-1])
+_json = cli_json
 
 
 @pytest.fixture
@@ -248,60 +240,45 @@ def test_disk_full_during_ingest_is_one_line_exit_1(env, tiny_model_dir, monkeyp
     assert _json(runner.invoke(app, ["ingest", str(docs), "--json"]))["documents"] == 10
 
 
-def test_store_keeps_its_dtype(env, tiny_model_dir):
-    """A store remembers the compute dtype its caches were made in: ask follows it, another is refused."""
-    import sqlite3
-
+@pytest.fixture
+def fp32_store(env, tiny_model_dir) -> str:
+    """A store ingested with --dtype float32 (caches in fp16)."""
     docs = write_corpus(env / "docs")
     store = str(env / "fp32-store")
-    ingest = [
-        "ingest",
-        str(docs),
-        "--store",
-        store,
-        "--model",
-        tiny_model_dir,
-        "--dtype",
-        "float32",
-        "--json",
-    ]
-    assert _json(runner.invoke(app, ingest))["new_chunks"] > 0
-    meta = dict(sqlite3.connect(f"{store}/catalog.sqlite").execute("SELECT key, value FROM meta"))
-    assert meta["dtype"] == "float32" and meta["store_dtype"] == "float16"
-    out = _json(
+    ingest = ["ingest", str(docs), "--store", store, "--model", tiny_model_dir, "--dtype", "float32"]
+    assert _json(runner.invoke(app, [*ingest, "--json"]))["new_chunks"] > 0
+    return store
+
+
+def _ask_json(store: str) -> dict:
+    return _json(
         runner.invoke(
             app, ["ask", "Who rings the bell?", "--store", store, "--max-new-tokens", "2", "--json"]
         )
     )
-    assert out["cached_tokens"] > 0
-    r = runner.invoke(app, ["ask", "Who rings the bell?", "--store", store, "--dtype", "bfloat16"])
+
+
+def test_store_keeps_its_dtype(fp32_store):
+    """A store remembers the compute dtype its caches were made in: ask follows it, another is refused."""
+    import sqlite3
+
+    meta = dict(sqlite3.connect(f"{fp32_store}/catalog.sqlite").execute("SELECT key, value FROM meta"))
+    assert meta["dtype"] == "float32" and meta["store_dtype"] == "float16"
+    assert _ask_json(fp32_store)["cached_tokens"] > 0
+    r = runner.invoke(app, ["ask", "Who rings the bell?", "--store", fp32_store, "--dtype", "bfloat16"])
     assert r.exit_code == 2 and "uses dtype float32, not bfloat16" in r.stderr and "Traceback" not in r.output
-    r = runner.invoke(app, ["ask", "Who rings the bell?", "--store", store, "--dtype", "fp8"])
+    r = runner.invoke(app, ["ask", "Who rings the bell?", "--store", fp32_store, "--dtype", "fp8"])
     assert r.exit_code == 2 and "unknown dtype 'fp8'" in r.stderr
 
 
-def test_store_from_before_dtype_is_read_as_fp32(env, tiny_model_dir):
+def test_store_from_before_dtype_is_read_as_fp32(fp32_store):
     """A store written before `--dtype` existed has no dtype in its meta: it was computed in fp32 on CPU."""
     import sqlite3
 
-    docs = write_corpus(env / "docs")
-    store = str(env / "old-store")
-    ingest = [
-        "ingest",
-        str(docs),
-        "--store",
-        store,
-        "--model",
-        tiny_model_dir,
-        "--dtype",
-        "float32",
-        "--json",
-    ]
-    _json(runner.invoke(app, ingest))
-    db = sqlite3.connect(f"{store}/catalog.sqlite")
+    db = sqlite3.connect(f"{fp32_store}/catalog.sqlite")
     db.execute("DELETE FROM meta WHERE key = 'dtype'")
     db.commit()
     r = runner.invoke(
-        app, ["ask", "Who rings the bell?", "--store", store, "--max-new-tokens", "2", "--json"]
+        app, ["ask", "Who rings the bell?", "--store", fp32_store, "--max-new-tokens", "2", "--json"]
     )
     assert _json(r)["cached_tokens"] > 0 and "recomputed" not in r.stderr  # its caches are used as they are

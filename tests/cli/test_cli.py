@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 from typer.testing import CliRunner
 
 from turborag.cli import app
@@ -15,12 +14,6 @@ from turborag.core.engine import MODES
 from turborag.train.synth import generate, write_jsonl
 
 runner = CliRunner()
-
-
-@pytest.fixture
-def env(tmp_path, monkeypatch):
-    monkeypatch.setenv("TURBORAG_HOME", str(tmp_path / "home"))
-    return tmp_path
 
 
 def test_eval_json_reports_every_mode(tiny_model_dir, env):

@@ -3,11 +3,10 @@ file gone from disk is reported, `cache stats` and `ingest` say what they count,
 
 from __future__ import annotations
 
-import json
 import logging
 
 import pytest
-from helpers import write_corpus
+from helpers import cli_json, write_corpus
 from typer.testing import CliRunner
 
 from turborag.cli import app
@@ -18,15 +17,7 @@ runner = CliRunner()
 WRAPPING = len("Passage: ") + len("\n\n")
 
 
-@pytest.fixture
-def env(tmp_path, monkeypatch):
-    monkeypatch.setenv("TURBORAG_HOME", str(tmp_path / "home"))
-    return tmp_path
-
-
-def _json(r):
-    assert r.exit_code == 0, r.output
-    return json.loads(r.stdout.strip().splitlines()[-1])
+_json = cli_json
 
 
 def _store(env):
