@@ -128,6 +128,11 @@ def ingest(
         fail(str(e), code=1)
     except (FileNotFoundError, StoreError) as e:
         fail(str(e))
+    _report_ingest(res, paths, catalog, as_json)
+
+
+def _report_ingest(res, paths: list[Path], catalog, as_json: bool) -> None:
+    """What an ingest did: skipped files and warnings on stderr, then the JSON summary or one line."""
     _print_skipped(res.skipped)
     for w in res.warnings:
         typer.echo(f"warning: {w}", err=True)
