@@ -43,9 +43,11 @@ class BufferedLayer(DynamicLayer):
         self.v_buf: torch.Tensor | None = None
 
     @classmethod
-    def wrap(cls, k_buf: torch.Tensor, v_buf: torch.Tensor, length: int, reserve: int) -> BufferedLayer:
+    def wrap(
+        cls, k_buf: torch.Tensor, v_buf: torch.Tensor, length: int, reserve: int, **kwargs
+    ) -> BufferedLayer:
         """A layer over already-filled buffers whose first `length` tokens are valid."""
-        layer = cls(reserve)
+        layer = cls(reserve, **kwargs)
         layer.lazy_initialization(k_buf, v_buf)
         layer.k_buf, layer.v_buf, layer.length = k_buf, v_buf, length
         layer._views()
@@ -125,10 +127,7 @@ def buffered_cache_of(
     cache = DynamicCache()
     for k_buf, v_buf, length, offset, sliding in layers:
         if sliding:
-            layer = BufferedSlidingLayer(reserve, offset)
-            layer.lazy_initialization(k_buf, v_buf)
-            layer.k_buf, layer.v_buf, layer.length = k_buf, v_buf, length
-            layer._views()
+            layer = BufferedSlidingLayer.wrap(k_buf, v_buf, length, reserve, offset=offset)
         else:
             assert offset == 0, "only sliding layers may drop context entries"
             layer = BufferedLayer.wrap(k_buf, v_buf, length, reserve)

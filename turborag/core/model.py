@@ -227,7 +227,7 @@ def _merged_dir(adapter: Path, base_folder: Path) -> Path:
     base folder (whose name carries the base's own digest), so a changed adapter or base is merged anew."""
     h = hashlib.sha256(str(base_folder.resolve()).encode())
     for name in ("adapter_config.json", "adapter_model.safetensors", "turborag_finetune.json"):
-        h.update(name.encode() + _sha256_file(adapter / name).encode())
+        h.update(name.encode() + _file_digest(adapter / name).encode())
     return turborag_home() / "models" / f"merged-{adapter.name}-{h.hexdigest()[:16]}"
 
 
