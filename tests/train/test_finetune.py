@@ -172,3 +172,46 @@ def test_adapter_folder_loads_as_a_model(tmp_path, tiny_model_dir, monkeypatch):
     assert again.fingerprint == b.fingerprint
     with torch.no_grad():
         assert torch.equal(again.model(input_ids=x).logits, lb)
+
+
+def test_bf16_training_keeps_lora_in_fp32_logs_steps_and_merges_into_fp32(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    """bf16 base weights, fp32 adapter + optimizer; log.jsonl has a line per step; snapshots every N steps;
+    the exported model is the adapter merged into the fp32 base (as serving merges it)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from turborag.core.model import load_model
+    from turborag.train.finetune import _trainable, prepare_model
+
+    monkeypatch.setenv("TURBORAG_HOME", str(tmp_path / "home"))
+    cfg = _cfg(tmp_path, model=tiny_model_dir, steps=4, keep_every=2, dtype="bfloat16")
+    lm = load_model(tiny_model_dir, dtype="bfloat16")
+    peft_model = prepare_model(copy.deepcopy(lm), cfg)
+    trainable = _trainable(peft_model)
+    assert trainable and all(p.dtype == torch.float32 for p in trainable.values())
+    frozen = [p for p in peft_model.parameters() if not p.requires_grad]
+    assert all(p.dtype == torch.bfloat16 for p in frozen)
+
+    out = finetune(lm, cfg, progress=False)
+    log = [json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3, 4] and all(r["s"] > 0 for r in log)
+    snaps = sorted(p.name for p in (tmp_path / "out" / "snapshots").iterdir())
+    assert snaps == ["step-2", "step-4"]
+    meta = json.loads((tmp_path / "out" / "snapshots" / "step-2" / "turborag_finetune.json").read_text())
+    assert meta["steps_trained"] == 2 and meta["cache_aware"] is True
+    weights = load_file(out / "model.safetensors")
+    assert all(w.dtype == torch.float32 for w in weights.values())
+    from_adapter = load_model(str(tmp_path / "out" / "adapter"), dtype="float32")
+    merged = load_model(str(out), dtype="float32")
+    assert from_adapter.fingerprint == merged.fingerprint
+
+
+def test_full_fine_tuning_refuses_bf16_weights(tmp_path, tiny_model_dir):
+    from turborag.core.model import load_model
+
+    cfg = _cfg(tmp_path, model=tiny_model_dir, lora=False, steps=1)
+    with pytest.raises(ValueError, match="fp32"):
+        finetune(load_model(tiny_model_dir, dtype="bfloat16"), cfg, progress=False)

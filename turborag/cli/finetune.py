@@ -23,11 +23,20 @@ def finetune(
     rank: int = typer.Option(16, min=1, help="LoRA rank"),
     save_every: int = typer.Option(25, min=1, help="checkpoint every N steps (resume picks up from there)"),
     seed: int = typer.Option(0),
+    keep_every: int = typer.Option(
+        0, min=0, help="also keep the adapter every N steps under OUT/snapshots/ (for a learning curve)"
+    ),
     device: str = DeviceOpt,
+    dtype: str = typer.Option(
+        "auto",
+        "--dtype",
+        help="base weights' dtype: auto (bf16 where the hardware has it, else fp32), float32, bfloat16; "
+        "LoRA weights and optimizer state stay fp32",
+    ),
     template: str = TemplateOpt,
 ) -> None:
     """Cache-aware fine-tune: trains through the serving path (independent chunks, reordered positions)."""
-    from turborag.core.model import ModelError, load_model
+    from turborag.core.model import ModelError, dtype_name, load_model, resolve_device, resolve_dtype
     from turborag.train.finetune import TrainConfig
     from turborag.train.finetune import finetune as run
 
@@ -35,6 +44,14 @@ def finetune(
         fail(f"no such file: {data}")
     if positions not in ("reordered", "composite"):
         fail(f"unknown positions {positions!r}: use reordered or composite")
+    if dtype not in ("auto", "float32", "bfloat16"):
+        fail(f"unknown --dtype {dtype!r}: use auto, float32 or bfloat16")
+    if not lora and dtype == "bfloat16":
+        fail("full fine-tuning trains in fp32: use --dtype float32 (or auto) with --full")
+    try:
+        torch_dtype = resolve_dtype("float32" if not lora else dtype, resolve_device(device))
+    except (ModelError, ValueError) as e:
+        fail(str(e))
     cfg = TrainConfig(
         data=str(data),
         out=str(out),
@@ -50,9 +67,11 @@ def finetune(
         save_every=save_every,
         seed=seed,
         template=template,
+        dtype=dtype_name(torch_dtype),
+        keep_every=keep_every,
     )
     try:
-        lm = load_model(model, device, "float32")  # training stays fp32 (LoRA deltas, AdamW state)
+        lm = load_model(model, device, torch_dtype)
         dest = run(lm, cfg)
     except (ModelError, ValueError) as e:
         fail(str(e))

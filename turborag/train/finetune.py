@@ -9,7 +9,12 @@ everything, and positions are exactly what serving uses; training and serving ca
 `causal=True` trains the same model the ordinary way (whole prompt, causal mask): the fair "naive RAG"
 baseline the paper compares against.
 
-LoRA (peft) by default, full fine-tuning as an option. Checkpoints (adapter or weights + AdamW state as
+LoRA (peft) by default, full fine-tuning as an option. With `dtype="bfloat16"` (the default where the hardware
+has bf16 matmuls) the frozen base weights are bf16 while the LoRA weights, their gradients and the AdamW state
+stay fp32 (peft's `autocast_adapter_dtype`): the big matmuls run at bf16 speed (see BENCHMARKS, "Fine-tuning
+speed") and the small updates are not rounded away. Full fine-tuning keeps everything in fp32.
+
+Checkpoints (adapter or weights + AdamW state as
 safetensors, never pickle) every `save_every` steps; a killed run resumes from the latest one and sees the
 same data stream, because example order is a pure function of (seed, step).
 """
@@ -59,6 +64,8 @@ class TrainConfig:
     save_every: int = 25
     template: str = "auto"
     max_passage_tokens: int = 256  # longer passages are truncated (keeps step time bounded)
+    dtype: str = "float32"  # compute dtype of the frozen base weights (LoRA weights stay fp32)
+    keep_every: int = 0  # also keep the adapter every N steps under snapshots/ (for a learning curve)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -203,10 +210,12 @@ def load_checkpoint(out: Path, model, opt: torch.optim.Optimizer) -> tuple[int, 
 
 
 def prepare_model(lm: LoadedModel, cfg: TrainConfig) -> torch.nn.Module:
-    """LoRA-wrap (default) or unfreeze everything; training runs in fp32."""
-    model = lm.model.float()
+    """LoRA-wrap (default; adapter weights in fp32 whatever the base dtype) or unfreeze everything (fp32)."""
+    model = lm.model
     model.train()
     if not cfg.lora:
+        if next(model.parameters()).dtype != torch.float32:
+            raise ValueError("full fine-tuning trains in fp32 (bf16 weights would round the updates away)")
         for p in model.parameters():
             p.requires_grad_(True)
         return model
@@ -215,7 +224,9 @@ def prepare_model(lm: LoadedModel, cfg: TrainConfig) -> torch.nn.Module:
     lcfg = LoraConfig(
         r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=0.0, target_modules=LORA_TARGETS, task_type="CAUSAL_LM"
     )
-    return get_peft_model(model, lcfg)
+    model = get_peft_model(model, lcfg, autocast_adapter_dtype=True)
+    assert all(p.dtype == torch.float32 for p in _trainable(model).values())
+    return model
 
 
 def finetune(lm: LoadedModel, cfg: TrainConfig, progress: bool = True) -> Path:
@@ -242,6 +253,7 @@ def finetune(lm: LoadedModel, cfg: TrainConfig, progress: bool = True) -> Path:
     bar = tqdm(total=cfg.steps, initial=start, desc="finetune", unit="step", disable=not progress)
     t0 = time.perf_counter()
     for step in range(start, cfg.steps):
+        t_step = time.perf_counter()
         for g in opt.param_groups:
             g["lr"] = lr_at(step)
         opt.zero_grad(set_to_none=True)
@@ -255,20 +267,47 @@ def finetune(lm: LoadedModel, cfg: TrainConfig, progress: bool = True) -> Path:
         losses.append(round(total, 5))
         bar.set_postfix(loss=f"{total:.3f}", avg20=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
         bar.update(1)
+        _log_step(out, step + 1, total, lr_at(step), time.perf_counter() - t_step)
         if (step + 1) % cfg.save_every == 0 or step + 1 == cfg.steps:
             save_checkpoint(out, step + 1, model, opt, cfg, losses)
+        if cfg.lora and cfg.keep_every and (step + 1) % cfg.keep_every == 0:
+            save_adapter(model, cfg, out / "snapshots" / f"step-{step + 1}", step + 1)
     bar.close()
     log.info("trained %d steps in %.0f s", cfg.steps - start, time.perf_counter() - t0)
     return export(model, lm, cfg, out)
 
 
+def _log_step(out: Path, step: int, loss: float, lr: float, seconds: float) -> None:
+    """One JSON line per step in out/log.jsonl: the loss curve and the seconds per step, kept on disk."""
+    with open(out / "log.jsonl", "a", encoding="utf-8") as f:
+        f.write(json.dumps({"step": step, "loss": round(loss, 5), "lr": lr, "s": round(seconds, 3)}) + "\n")
+
+
+def save_adapter(model, cfg: TrainConfig, dest: Path, steps: int) -> None:
+    """The LoRA adapter + turborag_finetune.json (which `--model` reads to find the base), atomically."""
+    tmp = dest.with_name(dest.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    meta = {**asdict(cfg), "steps_trained": steps, "cache_aware": not cfg.causal}
+    (tmp / "turborag_finetune.json").write_text(json.dumps(meta, indent=1))
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(tmp, dest)
+
+
 def export(model, lm: LoadedModel, cfg: TrainConfig, out: Path) -> Path:
     """Write `out/model`: an HF folder usable as `--model` everywhere (LoRA merged into the weights), plus
-    the small LoRA adapter alone under `out/adapter` for shipping."""
+    the small LoRA adapter alone under `out/adapter` for shipping. The merge is made into fp32 base weights
+    (reloaded when training ran on bf16 ones), as serving merges a shipped adapter."""
     dest = out / "model"
     if cfg.lora:
-        model.save_pretrained(out / "adapter")
-        (out / "adapter" / "turborag_finetune.json").write_text(json.dumps(asdict(cfg), indent=1))
+        save_adapter(model, cfg, out / "adapter", cfg.steps)
+        if lm.dtype != torch.float32:
+            from peft import PeftModel
+
+            from turborag.core.model import load_model
+
+            base = load_model(cfg.model, str(lm.device), torch.float32).model
+            model = PeftModel.from_pretrained(base, str(out / "adapter"))
         merged = model.merge_and_unload()
     else:
         merged = model
