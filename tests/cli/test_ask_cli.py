@@ -64,8 +64,12 @@ def test_ask_json_and_streaming(ingested, env):
         assert out["chunks"][0].split("#")[0].endswith("harbour.md")
         assert 0 < out["ttft_s"] <= out["total_s"] and out["prompt_tokens"] > 0
         assert (out["cached_tokens"] > 0) == (mode != "full")
+    # the default mode is auto: the tiny model has no cache-aware fine-tune, so turbo-blend, said in one line
     r = runner.invoke(app, ["ask", "Who rings the bell?", "--max-new-tokens", "3"])
-    assert r.exit_code == 0 and "[turbo] TTFT" in r.stderr and "passages: harbour.md#" in r.stderr
+    assert r.exit_code == 0 and "[turbo-blend] TTFT" in r.stderr and "passages: harbour.md#" in r.stderr
+    assert r.stderr.startswith("note: ") and "`turborag finetune` would make plain turbo safe" in r.stderr
+    r = runner.invoke(app, ["ask", "Who rings the bell?", "--max-new-tokens", "3", "--mode", "turbo"])
+    assert r.exit_code == 0 and "[turbo] TTFT" in r.stderr and "note:" not in r.stderr
 
 
 def test_ask_errors(ingested, env, tiny_model_dir, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from turborag.core.defaults import UNTUNED_MODE
 from turborag.core.engine import MODES, Answer, Engine, PromptTooLong
 from turborag.core.generate import SamplingParams
 from turborag.store.kv_store import KVStore
@@ -104,8 +105,36 @@ def test_sampling_is_seeded(gemma_lm, tmp_path):
 
 
 def test_modes_constant():
-    assert MODES[:3] == ("full", "turbo", "turbo-composite")
-    assert set(MODES[3:]) == {"turbo-epic", "turbo-blend"}
+    assert MODES[:4] == ("auto", "full", "turbo", "turbo-composite")
+    assert set(MODES[4:]) == {"turbo-epic", "turbo-blend"}
+
+
+@pytest.mark.parametrize("cache_aware,expected", [(True, "turbo"), (False, UNTUNED_MODE)])
+def test_auto_is_turbo_only_on_a_cache_aware_model(gemma_lm, tmp_path, cache_aware, expected):
+    gemma_lm.cache_aware = cache_aware
+    engine = Engine(gemma_lm, KVStore(tmp_path, dtype="float32"))
+    p = SamplingParams(max_new_tokens=6)
+    auto = engine.answer(Q, PASSAGES, "auto", p)
+    assert auto.mode == expected and engine.answer(Q, PASSAGES, params=p).mode == expected
+    assert auto.token_ids == engine.answer(Q, PASSAGES, expected, p).token_ids
+    assert (engine.auto_notice() is None) == cache_aware
+    if not cache_aware:
+        assert UNTUNED_MODE in engine.auto_notice() and "turborag finetune" in engine.auto_notice()
+
+
+@pytest.mark.parametrize(
+    "meta,aware",
+    [(None, False), ({"causal": False}, True), ({"causal": True}, False), ({"cache_aware": False}, False)],
+)
+def test_cache_aware_is_read_from_the_fine_tune_record(tmp_path, meta, aware):
+    import json
+
+    from turborag.core.model import adapter_dir_for, is_cache_aware
+
+    if meta is not None:
+        (tmp_path / "turborag_finetune.json").write_text(json.dumps(meta))
+    assert is_cache_aware(tmp_path) is aware
+    assert is_cache_aware(adapter_dir_for("gemma-3-270m-turbo"))  # the shipped adapter
 
 
 def test_batched_chunk_tokenization_equals_one_by_one(gemma_lm):

@@ -25,7 +25,11 @@ from turborag.core.defaults import MODES
 def ask(
     question: str = typer.Argument(..., help="the question"),
     store: Path = StoreOpt,
-    mode: str = typer.Option("turbo", help=f"one of {', '.join(MODES)}"),
+    mode: str = typer.Option(
+        "auto",
+        help=f"one of {', '.join(MODES)}; auto = turbo on a cache-aware fine-tune (the default model), "
+        "else turbo-blend",
+    ),
     top_k: int = typer.Option(5, "--top-k", min=1, help="passages to retrieve"),
     max_new_tokens: int = typer.Option(64, min=1),
     model: str = StoreModelOpt,
@@ -95,6 +99,9 @@ def _ask_local(question, store, mode, top_k, max_new_tokens, model, device, temp
             "answering from the rest",
             err=True,
         )
+    notice = engine.auto_notice() if mode == "auto" else None
+    if notice:
+        typer.echo(f"note: {notice}", err=True)
     params = engine.qa_params(max_new_tokens)
     answer = None
     for item in engine.stream(question, [p.text for p in passages], mode, params):
@@ -109,7 +116,7 @@ def _ask_local(question, store, mode, top_k, max_new_tokens, model, device, temp
             "recomputed for this answer (`turborag cache verify` checks them all)",
             err=True,
         )
-    _report(answer, mode, [p.chunk_id for p in passages], as_json)
+    _report(answer, answer.mode, [p.chunk_id for p in passages], as_json)
 
 
 def _report(answer, mode: str, ids: list[str], as_json: bool, via: str | None = None) -> None:

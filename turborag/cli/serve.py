@@ -41,6 +41,8 @@ def serve(
     app = create_app(backend, api_key=api_key, max_queue=max_queue)
     where = f"store {backend.documents.root}" if backend.documents else "no store (no retrieval)"
     console.print(f"serving {backend.model_name} on http://{host}:{port}/v1 with {where}")
+    if notice := backend.engine.auto_notice():
+        console.print(f"note: {notice} (requests that leave `turborag.mode` out get `auto`)")
     if backend.documents is None:
         uvicorn.run(app, host=host, port=port, log_level="warning")
         return

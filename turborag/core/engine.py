@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 from turborag.core import hf_compat, kv, recompute
-from turborag.core.defaults import MODES
+from turborag.core.defaults import MODES, UNTUNED_MODE
 from turborag.core.generate import SamplingParams, TextStream, decode, eos_ids
 from turborag.core.model import LoadedModel, layer_inv_freq, layer_windows
 from turborag.core.prefix_cache import PrefixCache
@@ -96,6 +96,24 @@ class Engine:
             block_size=prefix_block, max_tokens=prefix_cache_tokens, salt=lm.fingerprint
         )
 
+    # -- modes ---------------------------------------------------------------------------------------------
+
+    def resolve_mode(self, mode: str) -> str:
+        """`auto` -> turbo on a cache-aware fine-tune, else the training-free mode that measured best."""
+        check_mode(mode)
+        if mode != "auto":
+            return mode
+        return "turbo" if self.lm.cache_aware else UNTUNED_MODE
+
+    def auto_notice(self) -> str | None:
+        """The one line to show a user whose `auto` does not mean plain turbo (None when it does)."""
+        if self.lm.cache_aware:
+            return None
+        return (
+            f"{self.lm.name} has no cache-aware fine-tune, so `auto` answers in {UNTUNED_MODE} (recomputes "
+            "about 15% of the passage tokens); `turborag finetune` would make plain turbo safe on it"
+        )
+
     # -- keys and precompute -------------------------------------------------------------------------
 
     def key(self, chunk_ids: list[int]) -> str:
@@ -150,7 +168,7 @@ class Engine:
         self,
         question: str,
         passages: Sequence[str],
-        mode: str = "turbo",
+        mode: str = "auto",
         params: SamplingParams | None = None,
     ):
         """Run to completion; returns the Answer. `params` default to `qa_params()`."""
@@ -164,11 +182,12 @@ class Engine:
         self,
         question: str,
         passages: Sequence[str],
-        mode: str = "turbo",
+        mode: str = "auto",
         params: SamplingParams | None = None,
     ) -> Iterator[str | Answer]:
-        """Yield text deltas as they are decoded, then the final Answer. `params` default to `qa_params()`."""
-        check_mode(mode)
+        """Yield text deltas as they are decoded, then the final Answer (its `mode` is the one used: `auto`
+        resolved). `params` default to `qa_params()`."""
+        mode = self.resolve_mode(mode)
         params = params or self.qa_params()
         t0 = time.perf_counter()
         prompt = self.layout.build(question, list(passages))

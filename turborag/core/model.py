@@ -45,6 +45,7 @@ class LoadedModel:
     fingerprint: str  # hex digest; part of every cache key
     device: torch.device
     dtype: torch.dtype
+    cache_aware: bool = False  # carries a cache-aware fine-tune (turbo is safe on it)
 
     @property
     def config(self):
@@ -261,7 +262,18 @@ def _load_adapter(adapter: Path, device: str, dtype: torch.dtype) -> LoadedModel
     dev = resolve_device(device)
     folder = _cast_once(_merge_once(adapter, base_folder, device), dtype)
     model, tokenizer = _load_folder(folder, dev, dtype)
-    return LoadedModel(model, tokenizer, str(adapter), fingerprint(model, tokenizer), dev, dtype)
+    fp = fingerprint(model, tokenizer)
+    return LoadedModel(model, tokenizer, str(adapter), fp, dev, dtype, cache_aware=is_cache_aware(adapter))
+
+
+def is_cache_aware(folder: Path) -> bool:
+    """Whether a folder written by `turborag finetune` holds a cache-aware fine-tune (not the causal
+    baseline). Recorded as `cache_aware` in its turborag_finetune.json; older files only say `causal`."""
+    meta_path = folder / "turborag_finetune.json"
+    if not meta_path.exists():
+        return False
+    meta = json.loads(meta_path.read_text())
+    return bool(meta.get("cache_aware", not meta.get("causal", True)))
 
 
 def _load_folder(folder: Path, dev: torch.device, dtype: torch.dtype):
@@ -294,8 +306,10 @@ def load_model(
         lm.name = spec
         return lm
     dev = resolve_device(device)
-    model, tokenizer = _load_folder(model_dir_for(spec), dev, dtype)
-    return LoadedModel(model, tokenizer, spec, fingerprint(model, tokenizer), dev, dtype)
+    folder = model_dir_for(spec)
+    model, tokenizer = _load_folder(folder, dev, dtype)
+    fp = fingerprint(model, tokenizer)
+    return LoadedModel(model, tokenizer, spec, fp, dev, dtype, cache_aware=is_cache_aware(folder))
 
 
 def fingerprint(model: torch.nn.Module, tokenizer=None) -> str:
