@@ -63,11 +63,12 @@ def test_ask_finds_the_running_server_and_answers_through_it(store, server):
     assert info["url"] == url and info["pid"] == proc.pid and find_server(store) == url
     r = runner.invoke(app, ["ask", QUESTION, "--store", str(store), "--max-new-tokens", "3"])
     assert r.exit_code == 0, r.output
-    assert f"[turbo via {url}] TTFT" in r.stderr and "passages: harbour.md#" in r.stderr
+    # auto, resolved by the server: the tiny model has no cache-aware fine-tune
+    assert f"[turbo-blend via {url}] TTFT" in r.stderr and "passages: harbour.md#" in r.stderr
     out = json.loads(runner.invoke(app, ["ask", QUESTION, "--store", str(store), "--json"]).stdout)
     assert set(out) == {"answer", "mode", "ttft_s", "total_s", "prompt_tokens", "cached_tokens", "chunks"}
     assert (
-        out["mode"] == "turbo"
+        out["mode"] == "turbo-blend"
         and out["cached_tokens"] > 0
         and out["chunks"][0].split("#")[0].endswith("harbour.md")
     )

@@ -1,6 +1,9 @@
+import json
+
 import pytest
 
-from turborag.eval.metrics import contains_answer, exact_match, normalize_answer
+from turborag.eval.evaluate import ModeResult, load_examples, run_eval
+from turborag.eval.metrics import ABSTAIN, abstains, contains_answer, exact_match, normalize_answer
 
 
 @pytest.mark.parametrize(
@@ -50,3 +53,110 @@ def test_empty_answers_never_match(score):
     assert not score("anything at all", [""])
     assert not score("", ["", "  ", "the"])  # all normalise to ""
     assert score("Quorvik", ["", "Quorvik"])  # empty answers are skipped, not fatal
+
+
+# --- abstention ------------------------------------------------------------------------------------------
+
+
+def test_abstain_string_abstains():
+    assert ABSTAIN == "The passages do not say."
+    assert abstains(ABSTAIN)
+
+
+@pytest.mark.parametrize(
+    "prediction",
+    ["the passages do not say", "Sorry, the passages do not say who founded it.", "PASSAGES DO NOT SAY!"],
+)
+def test_abstentions_in_other_words_count(prediction):
+    assert abstains(prediction)
+
+
+@pytest.mark.parametrize(
+    "prediction",
+    ["Ismena Throll", "The passages say 1999.", "passages", "", "The passages do not say-so much"],
+)
+def test_answers_are_not_abstentions(prediction):
+    assert not abstains(prediction)
+
+
+# --- scoring unanswerable questions in eval ------------------------------------------------------------
+
+
+class _Answer:
+    def __init__(self, text):
+        self.text, self.ttft_s = text, 0.01
+
+
+class _Engine:
+    """Answers from a table {question: answer}, so run_eval's scoring is tested without a model."""
+
+    def __init__(self, answers):
+        self.answers = answers
+        self.lm = type("LM", (), {"name": "fake"})()
+
+    def precompute(self, passages, on_batch=None):
+        pass
+
+    def answer(self, question, contexts, mode, params):
+        return _Answer(self.answers.get(question, ""))
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+ROWS = [
+    {"question": "q1", "answers": ["Throll"], "contexts": ["c"]},
+    {"question": "q2", "answers": ["1999"], "contexts": ["c"], "answerable": True},
+    {"question": "q3", "answers": [ABSTAIN], "contexts": ["c"], "answerable": False},
+    {"question": "q4", "answers": [ABSTAIN], "contexts": ["c"], "answerable": False},
+]
+
+
+def test_unanswerable_examples_are_correct_iff_the_model_abstains(tmp_path):
+    examples, problems = load_examples(_write(tmp_path / "d.jsonl", ROWS))
+    assert not problems and [ex.answerable for ex in examples] == [True, True, False, False]
+    engine = _Engine(
+        {"q1": "Ismena Throll", "q2": "The passages do not say.", "q3": "Sorry, the passages do not say."}
+    )
+    predictions = []
+    result = run_eval(engine, examples, ["full"], progress=False, predictions=predictions)["full"]
+    # q1 right, q2 wrongly abstained, q3 rightly abstained, q4 answered where it should have abstained
+    assert result.n == 4 and result.accuracy == 0.5
+    assert result.abstain_rate == 0.5 and result.false_abstain_rate == 0.5
+    assert [p["correct"] for p in predictions] == [True, False, True, False]
+    assert [p.get("answerable", True) for p in predictions] == [True, True, False, False]
+
+
+def test_rates_are_none_without_examples_of_their_kind(tmp_path):
+    examples, _ = load_examples(_write(tmp_path / "d.jsonl", ROWS[:2]))
+    result = run_eval(_Engine({"q1": "Throll"}), examples, ["full"], progress=False)["full"]
+    assert result.abstain_rate is None and result.false_abstain_rate == 0.0
+    examples, _ = load_examples(_write(tmp_path / "u.jsonl", ROWS[2:]))
+    result = run_eval(_Engine({"q3": ABSTAIN}), examples, ["full"], progress=False)["full"]
+    assert result.abstain_rate == 0.5 and result.false_abstain_rate is None and result.accuracy == 0.5
+
+
+def test_answerable_must_be_a_boolean(tmp_path):
+    rows = [{**ROWS[0], "answerable": "no"}, ROWS[1]]
+    examples, problems = load_examples(_write(tmp_path / "d.jsonl", rows))
+    assert len(examples) == 1 and problems == ["line 1: 'answerable' must be true or false"]
+
+
+def test_cli_shows_abstention_rates_only_when_they_apply(tmp_path, capsys):
+    from turborag.cli import evaluate as cli_eval
+
+    examples, _ = load_examples(_write(tmp_path / "d.jsonl", ROWS))
+    answerable = [ex for ex in examples if ex.answerable]
+    plain = ModeResult(2, 1.0, 0.5, 0.1, 0.1, None, 0.0)
+    assert not cli_eval._abstentions_apply(answerable, {"full": plain})
+    assert set(cli_eval._row(plain, False)) == {"n", "accuracy", "exact_match", "ttft_s_mean", "ttft_s_p50"}
+    over = ModeResult(2, 0.5, 0.5, 0.1, 0.1, None, 0.5)
+    assert cli_eval._abstentions_apply(answerable, {"full": plain, "turbo": over})  # some mode abstained
+    mixed = ModeResult(4, 0.5, 0.25, 0.1, 0.1, 0.5, 0.5)
+    assert cli_eval._abstentions_apply(examples, {"full": mixed})
+    assert cli_eval._row(mixed, True)["abstain_rate"] == 0.5
+    cli_eval._print_table("t", {"full": mixed, "turbo": plain}, abstentions=True)
+    out = capsys.readouterr().out
+    assert "false abstain" in out and "50.0%" in out and " - " in out

@@ -1,4 +1,9 @@
-"""`turborag data synth`: fictional-fact multi-document QA sets (the work is in train/synth.py)."""
+"""`turborag data`: QA sets for training and evaluation.
+
+`synth`: fictional-fact multi-document QA (train/synth.py); `realtext`: questions over the standard library's
+documentation (train/realtext.py); `mix`: the cache-aware fine-tune's training mix and its held-out sets
+(train/mix.py).
+"""
 
 from __future__ import annotations
 
@@ -44,3 +49,58 @@ def synth_cmd(
         fail(f"{e} (domains: {', '.join(DOMAINS)})")
     write_jsonl(records, out)
     typer.echo(f"wrote {len(records)} questions with {contexts} passages each to {out}", err=True)
+
+
+@app.command("realtext")
+def realtext_cmd(
+    n: int = typer.Option(100, "--n", min=1, help="number of questions"),
+    contexts: int = typer.Option(5, "--contexts", min=1, help="passages per question"),
+    split: str = typer.Option("train", help="train, or eval (held-out stdlib modules, never trained on)"),
+    unanswerable: float = typer.Option(
+        0.0, help="fraction of questions with no answering passage (answer: 'The passages do not say.')"
+    ),
+    seed: int = typer.Option(0),
+    out: Path = typer.Option(..., "--out", help="output JSONL"),
+) -> None:
+    """Multi-document QA over the Python standard library's docstrings and signatures."""
+    if split not in ("train", "eval"):
+        fail(f"--split must be train or eval, got {split!r}")
+    if not 0.0 <= unanswerable <= 1.0:
+        fail(f"--unanswerable must be a fraction from 0 to 1, got {unanswerable}")
+    from turborag.train.realtext import generate_realtext
+    from turborag.train.synth import write_jsonl
+
+    try:
+        records = generate_realtext(n, contexts, seed=seed, split=split, unanswerable=unanswerable)
+    except (ValueError, RuntimeError) as e:
+        fail(str(e))
+    write_jsonl(records, out)
+    typer.echo(f"wrote {len(records)} {split} questions with {contexts} passages each to {out}", err=True)
+
+
+@app.command("mix")
+def mix_cmd(
+    n: int = typer.Option(4000, "--n", min=1, help="number of training questions"),
+    seed: int = typer.Option(0),
+    out: Path = typer.Option(..., "--out", help="output JSONL (the training mix)"),
+    eval_dir: Path = typer.Option(
+        None,
+        help="also write the held-out sets here: realtext-eval.jsonl and unanswerable-eval.jsonl "
+        "(150 questions, 5 passages each)",
+    ),
+) -> None:
+    """The cache-aware fine-tune's training mix: 45% hard synthetic, 45% stdlib text, 10% unanswerable,
+    60% of questions with 8-32 passages."""
+    if eval_dir is not None and eval_dir.exists() and not eval_dir.is_dir():
+        fail(f"--eval-dir {eval_dir} is not a directory")
+    from turborag.train.mix import build_eval_sets, build_mix
+    from turborag.train.synth import write_jsonl
+
+    records = build_mix(n, seed)
+    write_jsonl(records, out)
+    typer.echo(f"wrote {len(records)} training questions to {out}", err=True)
+    if eval_dir is not None:
+        for name, rows in build_eval_sets(seed=seed).items():
+            path = eval_dir / f"{name}-eval.jsonl"
+            write_jsonl(rows, path)
+            typer.echo(f"wrote {len(rows)} held-out questions to {path}", err=True)

@@ -1,4 +1,9 @@
-"""`turborag eval`: accuracy and TTFT of several modes (and models, `MODE@MODEL`) on one QA file."""
+"""`turborag eval`: accuracy and TTFT of several modes (and models, `MODE@MODEL`) on one QA file.
+
+The abstention columns (abstain rate on unanswerable questions, false-abstain rate on answerable ones) are
+shown, in the table and the JSON, when they say something: when the file has unanswerable questions
+(`"answerable": false`) or some mode abstained at least once.
+"""
 
 from __future__ import annotations
 
@@ -31,7 +36,11 @@ def group_by_model(mode_list: list[str], default_model: str) -> dict[str, list[s
 
 
 def eval_cmd(
-    data: Path = typer.Argument(..., help="JSONL: {question, answers: [..], contexts: [..]} per line"),
+    data: Path = typer.Argument(
+        ...,
+        help="JSONL: {question, answers: [..], contexts: [..]} per line; answerable: false marks a "
+        "question no passage answers (correct iff the model abstains)",
+    ),
     modes: str = typer.Option(
         "full,turbo,turbo-composite",
         help="comma-separated modes; MODE@MODEL runs a mode on another model (e.g. turbo@runs/ft/model)",
@@ -66,33 +75,54 @@ def eval_cmd(
         del engine
     if predictions:
         predictions.write_text("".join(json.dumps(p) + "\n" for p in preds))
+    abstentions = _abstentions_apply(examples, results)
     if as_json:
         typer.echo(
             json.dumps(
                 {
-                    "modes": {m: vars(r) for m, r in results.items()},
+                    "modes": {m: _row(r, abstentions) for m, r in results.items()},
                     "model": model,
                     "skipped_lines": len(problems),
                 }
             )
         )
         return
-    _print_table(f"{data.name}: {len(examples)} questions, model {model}", results)
+    _print_table(f"{data.name}: {len(examples)} questions, model {model}", results, abstentions)
 
 
-def _print_table(title: str, results: dict) -> None:
+_ABSTAIN_KEYS = ("abstain_rate", "false_abstain_rate")
+
+
+def _abstentions_apply(examples: list, results: dict) -> bool:
+    """Whether to report abstention rates: unanswerable questions in the file, or any mode abstained."""
+    return any(not ex.answerable for ex in examples) or any(r.false_abstain_rate for r in results.values())
+
+
+def _row(result, abstentions: bool) -> dict:
+    """A mode's JSON object; the abstention rates only when they apply."""
+    row = vars(result).copy()
+    if not abstentions:
+        for key in _ABSTAIN_KEYS:
+            row.pop(key, None)
+    return row
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _print_table(title: str, results: dict, abstentions: bool = False) -> None:
     table = Table(title=title)
-    for col in ("mode", "n", "accuracy", "exact match", "TTFT mean (s)", "TTFT p50 (s)"):
+    columns = ["mode", "n", "accuracy", "exact match"]
+    columns += ["abstain", "false abstain"] if abstentions else []
+    columns += ["TTFT mean (s)", "TTFT p50 (s)"]
+    for col in columns:
         table.add_column(col, justify="right" if col != "mode" else "left")
     for m, r in results.items():
-        table.add_row(
-            m,
-            str(r.n),
-            f"{r.accuracy:.1%}",
-            f"{r.exact_match:.1%}",
-            f"{r.ttft_s_mean:.3f}",
-            f"{r.ttft_s_p50:.3f}",
-        )
+        cells = [m, str(r.n), f"{r.accuracy:.1%}", f"{r.exact_match:.1%}"]
+        if abstentions:
+            cells += [_percent(r.abstain_rate), _percent(r.false_abstain_rate)]
+        table.add_row(*cells, f"{r.ttft_s_mean:.3f}", f"{r.ttft_s_p50:.3f}")
     stdout().print(table)
     stdout().print(
         "TTFT includes loading and assembling chunk caches; precomputing them is offline and excluded."

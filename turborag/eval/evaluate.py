@@ -6,6 +6,11 @@ across modes and runs. Modes are interleaved per question, so machine noise hits
 
 Bad lines (not JSON, no `question`, no `answers`, empty `contexts`) are reported with their line number and
 skipped; a file with no usable line is an error.
+
+A line may say `"answerable": false`: no passage answers its question, and it counts as correct exactly
+when the model abstains (`metrics.abstains`).  The abstention rates are reported beside accuracy, since a
+model that always abstains would otherwise look perfect on such questions and a model that never does
+would look perfect on the others.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from tqdm import tqdm
 
 from turborag.core.engine import Engine, check_mode
 from turborag.core.generate import SamplingParams
-from turborag.eval.metrics import contains_answer, exact_match
+from turborag.eval.metrics import abstains, contains_answer, exact_match
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +37,7 @@ class Example:
     answers: list[str]
     contexts: list[str]
     line: int
+    answerable: bool = True  # False: no passage answers it, and the right answer is to abstain
 
 
 def load_examples(path: str | Path, limit: int | None = None) -> tuple[list[Example], list[str]]:
@@ -50,7 +56,15 @@ def load_examples(path: str | Path, limit: int | None = None) -> tuple[list[Exam
             if problem:
                 problems.append(f"line {n}: {problem}")
                 continue
-            examples.append(Example(obj["question"], list(obj["answers"]), list(obj["contexts"]), n))
+            examples.append(
+                Example(
+                    obj["question"],
+                    list(obj["answers"]),
+                    list(obj["contexts"]),
+                    n,
+                    obj.get("answerable", True),
+                )
+            )
             if limit is not None and len(examples) >= limit:
                 break
     return examples, problems
@@ -69,6 +83,8 @@ def _check(obj) -> str | None:
         return "'contexts' must be a non-empty list"
     if not all(isinstance(c, str) and c.strip() for c in contexts):
         return "every context must be a non-empty string"
+    if not isinstance(obj.get("answerable", True), bool):
+        return "'answerable' must be true or false"
     return None
 
 
@@ -79,6 +95,21 @@ class ModeResult:
     exact_match: float
     ttft_s_mean: float
     ttft_s_p50: float
+    # On the unanswerable examples: the fraction that abstained (None when there are none).
+    abstain_rate: float | None = None
+    # On the answerable examples: the fraction that abstained wrongly (None when there are none).
+    false_abstain_rate: float | None = None
+
+
+def _score(prediction: str, ex: Example) -> tuple[bool, bool, bool]:
+    """(correct, exact match, abstained): an unanswerable example is correct iff the model abstains."""
+    abstained = abstains(prediction)
+    hit = contains_answer(prediction, ex.answers) if ex.answerable else abstained
+    return hit, exact_match(prediction, ex.answers), abstained
+
+
+def _rate(flags: list[bool]) -> float | None:
+    return sum(flags) / len(flags) if flags else None
 
 
 def run_eval(
@@ -99,32 +130,37 @@ def run_eval(
     # Warm-up: the first forward pays one-off costs (allocator, kernels) that belong to no mode.
     engine.answer(examples[0].question, examples[0].contexts, modes[0], SamplingParams(max_new_tokens=1))
 
-    scores: dict[str, list[tuple[bool, bool, float]]] = {m: [] for m in modes}
+    scores: dict[str, list[tuple[bool, bool, float, bool, bool]]] = {m: [] for m in modes}
     for ex in tqdm(examples, desc="eval", unit="q", disable=not progress):
         for m in modes:
             a = engine.answer(ex.question, ex.contexts, m, params)
-            hit, em = contains_answer(a.text, ex.answers), exact_match(a.text, ex.answers)
-            scores[m].append((hit, em, a.ttft_s))
+            hit, em, abstained = _score(a.text, ex)
+            scores[m].append((hit, em, a.ttft_s, abstained, ex.answerable))
             if predictions is not None:
-                predictions.append(
-                    {
-                        "line": ex.line,
-                        "mode": m,
-                        "model": engine.lm.name,
-                        "answer": a.text,
-                        "gold": ex.answers,
-                        "correct": hit,
-                        "ttft_s": a.ttft_s,
-                    }
-                )
-    out = {}
-    for m, rows in scores.items():
-        ttfts = [r[2] for r in rows]
-        out[m] = ModeResult(
-            n=len(rows),
-            accuracy=sum(r[0] for r in rows) / len(rows),
-            exact_match=sum(r[1] for r in rows) / len(rows),
-            ttft_s_mean=statistics.fmean(ttfts),
-            ttft_s_p50=statistics.median(ttfts),
-        )
-    return out
+                record = {
+                    "line": ex.line,
+                    "mode": m,
+                    "model": engine.lm.name,
+                    "answer": a.text,
+                    "gold": ex.answers,
+                    "correct": hit,
+                    "ttft_s": a.ttft_s,
+                }
+                if not ex.answerable:
+                    record["answerable"] = False
+                predictions.append(record)
+    return {m: _summary(rows) for m, rows in scores.items()}
+
+
+def _summary(rows: list[tuple[bool, bool, float, bool, bool]]) -> ModeResult:
+    """One mode's rows (correct, exact match, TTFT, abstained, answerable) as a ModeResult."""
+    ttfts = [r[2] for r in rows]
+    return ModeResult(
+        n=len(rows),
+        accuracy=sum(r[0] for r in rows) / len(rows),
+        exact_match=sum(r[1] for r in rows) / len(rows),
+        ttft_s_mean=statistics.fmean(ttfts),
+        ttft_s_p50=statistics.median(ttfts),
+        abstain_rate=_rate([r[3] for r in rows if not r[4]]),
+        false_abstain_rate=_rate([r[3] for r in rows if r[4]]),
+    )

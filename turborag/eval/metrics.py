@@ -4,6 +4,9 @@ Generated answers are free text ("The company was founded by Ismena Throll."), s
 gold answers after SQuAD normalisation, which makes the score ignore case, punctuation and articles.  Two
 scores are offered: `exact_match` (SQuAD EM, strict, suits extractive readers) and `contains_answer`
 (the accuracy used by the RGB benchmark, lenient, suits chatty generative models).
+
+Questions the passages cannot answer have one fixed target, `ABSTAIN`; `abstains` recognises it in free
+text, so that a model that declines in its own words ("Sorry, the passages do not say that.") counts too.
 """
 
 from __future__ import annotations
@@ -14,6 +17,9 @@ from collections.abc import Sequence
 
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+# The answer a reader is trained to give when no passage answers the question.
+ABSTAIN = "The passages do not say."
 
 
 def normalize_answer(s: str) -> str:
@@ -43,3 +49,16 @@ def exact_match(prediction: str, answers: Sequence[str]) -> bool:
     """True if the normalised prediction equals any normalised gold answer (SQuAD EM)."""
     normalized = normalize_answer(prediction)
     return any(normalized == gold for gold in _normalized_golds(answers))
+
+
+# The normalised core of ABSTAIN that a prediction must contain to count as an abstention.
+_ABSTAIN_CORE = " passages do not say "
+
+
+def abstains(prediction: str) -> bool:
+    """True if the prediction declines to answer: its normalised text contains "passages do not say".
+
+    Only the core phrase is required, as whole words, so that "The passages do not say." and "Sorry, the
+    passages do not say who founded it" both count while an answer that merely mentions passages does not.
+    """
+    return _ABSTAIN_CORE in f" {normalize_answer(prediction)} "

@@ -10,6 +10,13 @@ passage instead of copying the first plausible value it sees.
 The domains themselves (entity kinds, attributes, questions, fact and filler sentences) are data, in
 turborag/data/synth_domains.json, read at import; this module holds the mechanism that invents names and
 values and assembles the records.
+
+Three opt-in variants serve the cache-aware fine-tune (all off by default, and the default output is
+unchanged by them): `hard` adds look-alike distractors whose entity differs from the gold one by a single
+letter ("Veltrano Dynamics" / "Veltreno Dynamics"), since the error that chunk-cache reuse makes is a value
+read from a look-alike passage; `unanswerable` drops the gold passage and keeps the look-alikes, with the
+abstention string as the answer; `sentence_answers` puts the gold fact sentence first among the answers,
+so a model trained on answers[0] learns to answer in a sentence instead of one word.
 """
 
 from __future__ import annotations
@@ -22,13 +29,15 @@ from importlib.resources import files
 from pathlib import Path
 from string import Formatter
 
-from turborag.eval.metrics import normalize_answer
+from turborag.eval.metrics import ABSTAIN, normalize_answer
 
 # Passages get filler sentences up to this length, so that they look like ordinary retrieved chunks.
 _MIN_WORDS = 40
 _MAX_SENTENCES = 4
 # Distractors are redrawn when they happen to mention the gold answer or entity; this bounds the redraws.
 _MAX_TRIES = 200
+# Hard records: at most this many same-template distractors get a look-alike entity name.
+_MAX_LOOKALIKES = 4
 
 
 @dataclass(frozen=True)
@@ -57,6 +66,8 @@ class _Domain:
     make_entity: Callable[[random.Random], str]
     templates: tuple[_Template, ...]
     fillers: tuple[str, ...]  # formatted with e=entity
+    # the real words of its entity names ("Dynamics", "Treaty", "of"): look-alikes change only made-up ones
+    fixed_words: frozenset[str] = frozenset()
 
 
 # --- invented names --------------------------------------------------------------------------------------
@@ -130,9 +141,12 @@ def _with_prefix(*prefixes: str) -> Callable[[random.Random], str]:
     return lambda rng: f"{rng.choice(prefixes)} {_word(rng)}"
 
 
+_FILM_WORDS = ("Inheritance", "Affair", "Protocol", "Covenant", "Horizon")
+
+
 def _film_title(rng: random.Random) -> str:
     """A made-up film title such as "The Velmora Inheritance"."""
-    return f"The {_word(rng)} {rng.choice(('Inheritance', 'Affair', 'Protocol', 'Covenant', 'Horizon'))}"
+    return f"The {_word(rng)} {rng.choice(_FILM_WORDS)}"
 
 
 def _compound(rng: random.Random) -> str:
@@ -336,7 +350,9 @@ def _domain(raw: object, index: int) -> _Domain:
         make_entity = _maker(raw["entity"], _ENTITY_KINDS, "entity")
     except ValueError as e:
         raise ValueError(f"synth domain {label}: {e}") from None
-    return _Domain(name, make_entity, templates, fillers)
+    fixed = {word for arg in raw["entity"][1:] for word in str(arg).split()}
+    fixed |= {"The", *_FILM_WORDS} if raw["entity"][0] == "film_title" else set()
+    return _Domain(name, make_entity, templates, fillers, frozenset(fixed))
 
 
 def _parse_domains(data: object) -> tuple[_Domain, ...]:
@@ -380,6 +396,13 @@ def _passage(rng: random.Random, domain: _Domain, template: _Template, entity: s
 
     The fact moves around so that a reader cannot learn to look only at the first or last sentence.
     """
+    return _passage_and_fact(rng, domain, template, entity, value)[0]
+
+
+def _passage_and_fact(
+    rng: random.Random, domain: _Domain, template: _Template, entity: str, value: _Value
+) -> tuple[str, str]:
+    """`_passage`, and the fact sentence in it (the natural-length answer of `sentence_answers`)."""
     pool = rng.sample(domain.fillers, len(domain.fillers))
     fillers = [_sentence(f, e=entity) for f in pool[: rng.randint(1, _MAX_SENTENCES - 1)]]
     fact = _sentence(rng.choice(template.facts), e=entity, v=value.text)
@@ -389,7 +412,7 @@ def _passage(rng: random.Random, domain: _Domain, template: _Template, entity: s
         fillers.append(extra)
         words += len(extra.split())
     position = rng.randint(0, len(fillers))
-    return " ".join(fillers[:position] + [fact] + fillers[position:])
+    return " ".join(fillers[:position] + [fact] + fillers[position:]), fact
 
 
 def _needles(strings: Sequence[str]) -> list[tuple[str, str]]:
@@ -435,41 +458,117 @@ def _distractor(
     raise RuntimeError(f"could not build a distractor for domain {domain.name!r} in {_MAX_TRIES} tries")
 
 
+def _lookalike_name(rng: random.Random, entity: str, fixed_words: frozenset[str]) -> str:
+    """The entity with one letter of a made-up word changed: a vowel for another vowel (a syllable's
+    nucleus) or a consonant for another ("Veltrano Dynamics" -> "Veltreno Dynamics" or "Veldrano Dynamics").
+
+    The real words of the name ("Dynamics", "Treaty of") stay, so the look-alike keeps the entity's kind.
+    The length is kept, so the look-alike can never contain the gold name.
+    """
+    tokens = entity.split(" ")
+    made_up = [i for i, t in enumerate(tokens) if t.isalpha() and t not in fixed_words]
+    i = rng.choice(made_up or [i for i, t in enumerate(tokens) if t.isalpha()] or [0])
+    word = tokens[i]
+    vowels = [j for j, ch in enumerate(word) if ch.lower() in "aeiou"]
+    consonants = [j for j, ch in enumerate(word) if ch.isalpha() and ch.lower() not in "aeiou"]
+    use_vowel = vowels and (not consonants or rng.random() < 0.6)
+    j = rng.choice(vowels if use_vowel else consonants)
+    pool = "aeiou" if use_vowel else "bdgklmnrstvz"
+    letter = rng.choice([c for c in pool if c != word[j].lower()])
+    tokens[i] = word[:j] + (letter.upper() if word[j].isupper() else letter) + word[j + 1 :]
+    return " ".join(tokens)
+
+
+def _lookalike_distractor(
+    rng: random.Random,
+    domain: _Domain,
+    template: _Template,
+    entity: str,
+    forbidden: Sequence[tuple[str, str]],
+    used_entities: set[str],
+) -> str:
+    """A same-template passage about a near-namesake of the gold entity, with another value.
+
+    This is the confusion that matters for chunk-cache reuse: the wrong answer comes from a passage that
+    looks like the right one.  The name must differ from the gold after answer normalisation.
+    """
+    gold = normalize_answer(entity)
+    for _ in range(_MAX_TRIES):
+        name = _lookalike_name(rng, entity, domain.fixed_words)
+        if name in used_entities or normalize_answer(name) == gold:
+            continue
+        text = _passage(rng, domain, template, name, template.make_value(rng))
+        if not _mentions(text, forbidden):
+            used_entities.add(name)
+            return text
+    raise RuntimeError(f"could not build a look-alike of {entity!r} in {_MAX_TRIES} tries")
+
+
 def _record(
-    rng: random.Random, gold_domains: Sequence[_Domain], contexts: int, answer_position: int | None
+    rng: random.Random,
+    gold_domains: Sequence[_Domain],
+    contexts: int,
+    answer_position: int | None,
+    hard: bool = False,
+    answerable: bool = True,
+    sentence_answers: bool = False,
+    variant: bool = False,
 ) -> dict:
-    """One question with its gold passage hidden among contexts - 1 distractors."""
+    """One question with its gold passage hidden among contexts - 1 distractors.
+
+    Unanswerable: the same question over `contexts` distractors and no gold passage.  `variant` records
+    (any opt-in option) carry `entity` and `answerable`; the default record keeps its historical shape.
+    """
     domain = rng.choice(gold_domains)
     template = rng.choice(domain.templates)
     entity = domain.make_entity(rng)
     value = template.make_value(rng)
-    gold = _passage(rng, domain, template, entity, value)
+    gold, fact = _passage_and_fact(rng, domain, template, entity, value)
 
     forbidden = _needles((*value.answers, entity))
     used = {entity}
-    n_distractors = contexts - 1
+    n_distractors = contexts - 1 if answerable else contexts
     # Mostly same-attribute look-alikes (the hard case), about a third from other domains for realism.
     n_other = n_distractors // 3
     # Other-domain distractors come from the requested domains when there are several, so a training split
     # never shows a held-out domain's passages; a single-domain (eval) split borrows from all the others.
     others = [d for d in gold_domains if d is not domain]
     others = others or [d for d in _DOMAIN_LIST if d is not domain]
+    n_same = n_distractors - n_other
+    # Hard: about half of the same-template distractors (at least one, at most _MAX_LOOKALIKES) are about
+    # near-namesakes of the gold entity.
+    n_lookalike = min(n_same, max(1, (n_same + 1) // 2), _MAX_LOOKALIKES) if hard else 0
     distractors = [
-        _distractor(rng, domain, template, forbidden, used) for _ in range(n_distractors - n_other)
+        _lookalike_distractor(rng, domain, template, entity, forbidden, used) for _ in range(n_lookalike)
     ]
+    distractors += [_distractor(rng, domain, template, forbidden, used) for _ in range(n_same - n_lookalike)]
     for _ in range(n_other):
         other = rng.choice(others)
         distractors.append(_distractor(rng, other, rng.choice(other.templates), forbidden, used))
     rng.shuffle(distractors)
 
+    question = template.question.format(e=entity)
+    if not answerable:
+        return {
+            "question": question,
+            "answers": [ABSTAIN],
+            "contexts": distractors,
+            "domain": domain.name,
+            "entity": entity,
+            "answer_index": None,
+            "answerable": False,
+        }
     position = rng.randrange(contexts) if answer_position is None else answer_position
-    return {
-        "question": template.question.format(e=entity),
-        "answers": list(value.answers),
+    record = {
+        "question": question,
+        "answers": [fact, *value.answers] if sentence_answers else list(value.answers),
         "contexts": distractors[:position] + [gold] + distractors[position:],
         "domain": domain.name,
         "answer_index": position,
     }
+    if variant:
+        record.update(entity=entity, answerable=True)
+    return record
 
 
 def _gold_domains(domains: Sequence[str] | None) -> list[_Domain]:
@@ -493,12 +592,22 @@ def generate(
     seed: int = 0,
     domains: Sequence[str] | None = None,
     answer_position: int | None = None,
+    *,
+    hard: bool = False,
+    unanswerable: float = 0.0,
+    sentence_answers: bool = False,
 ) -> list[dict]:
     """Generate n QA records, each with `contexts` passages of which exactly one answers the question.
 
     Output is deterministic for a seed.  `domains` limits the domains of the questions and, when it names
     several, of the other-domain distractors too; `answer_position` fixes where the gold passage goes, for
     studies of position bias ("lost in the middle"), instead of a uniform random position.
+
+    Opt-in variants for training (the default output does not change): `hard` makes about half of the
+    same-template distractors (1 to 4) near-namesakes of the gold entity; `unanswerable` is the fraction
+    of records (exactly round(n * unanswerable), at random positions) whose gold passage is left out, with
+    answers ["The passages do not say."] and answer_index None; `sentence_answers` makes answers[0] the gold
+    fact sentence, followed by the short answers.  Records of any variant carry `entity` and `answerable`.
     """
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
@@ -506,9 +615,19 @@ def generate(
         raise ValueError(f"contexts must be at least 1, got {contexts}")
     if answer_position is not None and not 0 <= answer_position < contexts:
         raise ValueError(f"answer_position must be in 0..{contexts - 1}, got {answer_position}")
+    if not 0.0 <= unanswerable <= 1.0:
+        raise ValueError(f"unanswerable must be a fraction in 0..1, got {unanswerable}")
     gold_domains = _gold_domains(domains)
     rng = random.Random(seed)
-    return [_record(rng, gold_domains, contexts, answer_position) for _ in range(n)]
+    n_missing = round(n * unanswerable)
+    missing = set(rng.sample(range(n), n_missing)) if n_missing else set()
+    variant = hard or sentence_answers or unanswerable > 0
+    return [
+        _record(
+            rng, gold_domains, contexts, answer_position, hard, i not in missing, sentence_answers, variant
+        )
+        for i in range(n)
+    ]
 
 
 def write_jsonl(records: list[dict], path: str | Path) -> None:

@@ -1,0 +1,192 @@
+"""The fine-tune's training mix (shares, passage counts, no held-out data) and the hard and unanswerable
+synthetic variants it is built from."""
+
+import json
+import re
+from collections import Counter
+
+import pytest
+from typer.testing import CliRunner
+
+from turborag.cli import app
+from turborag.eval.metrics import ABSTAIN, contains_answer, normalize_answer
+from turborag.train import synth
+from turborag.train.mix import (
+    HELD_OUT_DOMAINS,
+    TRAIN_DOMAINS,
+    build_eval_sets,
+    build_mix,
+)
+from turborag.train.realtext import EVAL_MODULES, TRAIN_MODULES
+from turborag.train.synth import generate
+
+runner = CliRunner()
+N = 1000
+
+
+@pytest.fixture(scope="module")
+def mix():
+    return build_mix(N, seed=0)
+
+
+def _part(record: dict) -> tuple[str, bool]:
+    return record["source"].split(":", 1)[0], record["answerable"]
+
+
+def _package(record: dict) -> str:
+    return record["source"].removeprefix("stdlib:").split(".")[0]
+
+
+def test_deterministic_for_a_seed():
+    assert build_mix(40, seed=3) == build_mix(40, seed=3)
+    assert build_mix(40, seed=3) != build_mix(40, seed=4)
+
+
+def test_shares(mix):
+    assert len(mix) == N
+    assert Counter(_part(r) for r in mix) == {
+        ("synth", True): 450,
+        ("stdlib", True): 450,
+        ("synth", False): 50,
+        ("stdlib", False): 50,
+    }
+    # shuffled, not in blocks
+    assert len({_part(r) for r in mix[:50]}) >= 3
+
+
+def test_passage_counts_weight_long_contexts(mix):
+    counts = Counter(len(r["contexts"]) for r in mix)
+    assert min(counts) == 1 and max(counts) == 32
+    long_share = sum(n for k, n in counts.items() if k >= 8) / N
+    assert 0.55 <= long_share <= 0.65  # 60% in 8..32, 40% in 1..7
+    assert len(counts) >= 30  # every count is drawn
+    for part in {_part(r) for r in mix}:
+        ks = [len(r["contexts"]) for r in mix if _part(r) == part]
+        assert sum(k >= 8 for k in ks) / len(ks) > 0.4
+
+
+def test_records_share_one_shape_and_targets_are_sentences(mix):
+    for r in mix:
+        assert {"question", "answers", "contexts", "answer_index", "answerable", "source", "kind"} <= set(r)
+        if r["answerable"]:
+            assert len(r["answers"][0].split()) >= 4, r["answers"]
+            gold = r["contexts"][r["answer_index"]]
+            assert all(span in gold for span in r["answers"][1:] or r["answers"])
+        else:
+            assert r["answers"] == [ABSTAIN] and r["answer_index"] is None
+
+
+def test_no_held_out_data_in_training(mix):
+    train_packages = {m.split(".")[0] for m in TRAIN_MODULES}
+    for r in mix:
+        if r["source"].startswith("synth:"):
+            assert r["domain"] in TRAIN_DOMAINS
+            assert not any("Film students" in passage for passage in r["contexts"])
+        else:
+            assert _package(r) in train_packages
+
+
+def test_eval_sets():
+    sets = build_eval_sets(n=40, contexts=5, seed=1)
+    assert set(sets) == {"realtext", "unanswerable"}
+    eval_packages = {m.split(".")[0] for m in EVAL_MODULES}
+    realtext = sets["realtext"]
+    assert len(realtext) == 40 and all(r["answerable"] and len(r["contexts"]) == 5 for r in realtext)
+    assert all(_package(r) in eval_packages for r in realtext)
+    unanswerable = sets["unanswerable"]
+    assert len(unanswerable) == 40 and all(not r["answerable"] for r in unanswerable)
+    assert all(len(r["contexts"]) == 5 and r["answers"] == [ABSTAIN] for r in unanswerable)
+    parts = Counter(r["source"].split(":")[0] for r in unanswerable)
+    assert parts == {"synth": 20, "stdlib": 20}
+    for r in unanswerable:
+        if r["source"].startswith("synth:"):
+            assert r["domain"] in HELD_OUT_DOMAINS
+        else:
+            assert _package(r) in eval_packages
+    assert build_eval_sets(n=10, seed=2) == build_eval_sets(n=10, seed=2)
+
+
+def test_default_eval_sets_have_150_questions_of_5_passages():
+    sets = build_eval_sets()
+    assert all(len(rows) == 150 and all(len(r["contexts"]) == 5 for r in rows) for rows in sets.values())
+
+
+def _one_letter_apart(a: str, b: str) -> bool:
+    return len(a) == len(b) and sum(x != y for x, y in zip(a, b)) == 1
+
+
+def test_hard_synth_has_near_namesakes_that_differ_after_normalisation():
+    records = generate(120, 8, seed=4, domains=TRAIN_DOMAINS, hard=True, sentence_answers=True)
+    for r in records:
+        entity = r["entity"]
+        gold = r["contexts"][r["answer_index"]]
+        assert entity in gold and r["answers"][0] in gold  # the fact sentence, copied from the passage
+        assert r["answers"][1:] and all(a in gold for a in r["answers"][1:])
+        namesakes = 0
+        for i, passage in enumerate(r["contexts"]):
+            if i == r["answer_index"]:
+                continue
+            assert not contains_answer(passage, r["answers"])
+            assert not contains_answer(passage, [entity])
+            words = set(re.findall(r"[A-Za-z]+", passage))
+            namesakes += any(_one_letter_apart(w, e) for w in words for e in entity.split() if len(e) > 3)
+        assert namesakes >= 1, r
+
+
+def test_lookalike_names_keep_the_real_words():
+    import random
+
+    rng = random.Random(0)
+    domain = next(d for d in synth._DOMAIN_LIST if d.name == "history")
+    for _ in range(50):
+        name = synth._lookalike_name(rng, "Treaty of Quorvik", domain.fixed_words)
+        assert name.startswith("Treaty of ") and _one_letter_apart(name, "Treaty of Quorvik")
+        assert normalize_answer(name) != normalize_answer("Treaty of Quorvik")
+
+
+def test_unanswerable_synth_keeps_look_alikes_without_the_entity():
+    records = generate(60, 5, seed=8, domains=TRAIN_DOMAINS, hard=True, unanswerable=1.0)
+    for r in records:
+        assert r["answers"] == [ABSTAIN] and r["answer_index"] is None and r["answerable"] is False
+        assert len(r["contexts"]) == 5
+        assert r["entity"] in r["question"]
+        assert not any(contains_answer(passage, [r["entity"]]) for passage in r["contexts"])
+        last = r["entity"].split()
+        assert any(
+            _one_letter_apart(w, e)
+            for passage in r["contexts"]
+            for w in re.findall(r"[A-Za-z]+", passage)
+            for e in last
+            if len(e) > 3
+        )
+
+
+def test_variants_off_keep_the_historical_shape():
+    assert set(generate(3, 4, seed=1)[0]) == {"question", "answers", "contexts", "domain", "answer_index"}
+    mixed = generate(20, 4, seed=1, unanswerable=0.25)
+    assert sum(not r["answerable"] for r in mixed) == 5
+
+
+def test_synth_rejects_a_bad_unanswerable_fraction():
+    with pytest.raises(ValueError):
+        generate(3, 4, unanswerable=-0.1)
+
+
+def test_mix_command(env):
+    out, held = env / "mix.jsonl", env / "held"
+    r = runner.invoke(
+        app, ["data", "mix", "--n", "20", "--seed", "1", "--out", str(out), "--eval-dir", str(held)]
+    )
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 20 and sum(not row["answerable"] for row in rows) == 2
+    for name in ("realtext-eval.jsonl", "unanswerable-eval.jsonl"):
+        assert len((held / name).read_text().splitlines()) == 150
+
+
+def test_mix_command_rejects_bad_input_in_one_line(env):
+    not_a_dir = env / "file"
+    not_a_dir.write_text("x")
+    r = runner.invoke(app, ["data", "mix", "--out", str(env / "m.jsonl"), "--eval-dir", str(not_a_dir)])
+    assert r.exit_code == 2
+    assert r.stderr.strip().splitlines() == [f"error: --eval-dir {not_a_dir} is not a directory"]
