@@ -19,7 +19,13 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 MEMO_PASSAGES = 8192  # passages whose token ids are remembered (a few MB)
-INSTRUCTION = "Answer the question using the passages below. Reply with a short answer.\n\n"
+# Asks for a sentence and names the reply for a question the passages do not answer, the two behaviours the
+# shipped fine-tune is trained on (train/mix.py); an untuned model gets the same instruction.
+ABSTAIN = "The passages do not say."
+INSTRUCTION = (
+    f"Answer the question in one sentence, using only the passages below. "
+    f"If they do not contain the answer, reply: {ABSTAIN}\n\n"
+)
 _SENTINEL = "\x00TURBORAG_USER_CONTENT\x00"
 
 

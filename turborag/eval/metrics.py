@@ -15,11 +15,12 @@ import re
 import string
 from collections.abc import Sequence
 
+from turborag.core.prompt import ABSTAIN  # the reply the prompt asks for when no passage answers
+
+__all__ = ["ABSTAIN", "abstains", "contains_answer", "exact_match", "normalize_answer"]
+
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
-
-# The answer a reader is trained to give when no passage answers the question.
-ABSTAIN = "The passages do not say."
 
 
 def normalize_answer(s: str) -> str:
