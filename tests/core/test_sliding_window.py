@@ -98,9 +98,9 @@ class _CountingStore(KVStore):
         super().__init__(*a, **k)
         self.asked: list[list[int] | None] = []
 
-    def get_layers(self, key, layers=None):
-        self.asked.append(None if layers is None else list(layers))
-        return super().get_layers(key, layers)
+    def get_many_layers(self, wanted):
+        self.asked.extend(None if layers is None else list(layers) for layers in wanted.values())
+        return super().get_many_layers(wanted)
 
 
 def test_engine_reads_only_needed_layers_and_answers_as_untrimmed(gemma_lm, tmp_path):

@@ -132,7 +132,7 @@ def test_damaged_cache_is_recomputed_never_used(tmp_path, gemma_lm, caplog):
     with caplog.at_level(logging.WARNING):
         a = engine.answer("Who rings the bell?", [p.text for p in passages], "turbo")
     assert a.computed_chunks == 1 and a.token_ids == reference.token_ids
-    assert "damaged cache file" in caplog.text
+    assert "damaged cache" in caplog.text and "it will be recomputed" in caplog.text
     assert engine.store.get(key) is not None  # recomputed and stored again
 
     engine.store.path(key).unlink()  # a missing file is repaired by the next ingest

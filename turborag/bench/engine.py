@@ -68,11 +68,11 @@ def bench_ttft(
         chunks = doc_chunks(engine, size, chunk_tokens)
         # Fresh caches for this size: precompute throughput is measured on chunks not yet stored.
         for c in chunks:
-            engine.store.path(engine.key(engine.layout.chunk_ids(c))).unlink(missing_ok=True)
+            engine.store.delete(engine.key(engine.layout.chunk_ids(c)))
         t = time.perf_counter()
         _, tokens = engine.precompute(chunks)
         pre_s = time.perf_counter() - t
-        nbytes = sum(engine.store.path(engine.key(engine.layout.chunk_ids(c))).stat().st_size for c in chunks)
+        nbytes = sum(engine.store.size(engine.key(engine.layout.chunk_ids(c))) or 0 for c in chunks)
 
         full, turbo, floor = [], [], []
         for r in range(repeats):

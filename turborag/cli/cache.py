@@ -17,11 +17,6 @@ from turborag.cli.loading import open_catalog, store_kv
 app = typer.Typer(help="The store's KV caches: stats, verify, gc.", no_args_is_help=True)
 
 
-def _cache_files(root: Path) -> list[Path]:
-    kv = root / "kv"
-    return sorted(kv.glob("*/*.safetensors")) if kv.is_dir() else []
-
-
 # What each `cache stats` number counts, said in its table: entries are what the catalog names, files what is
 # on disk, and the tokens are not the ones ingest reports (see the caption).
 _STATS_LABELS = {
@@ -48,8 +43,9 @@ def cache_stats(store: Path = StoreOpt, as_json: bool = JsonOpt) -> None:
     catalog = open_catalog(store, create=False)
     meta = catalog.meta()
     counts = catalog.stats()
-    files = _cache_files(catalog.root)
-    on_disk = {f.stem for f in files}
+    kv = store_kv(catalog)
+    sizes = {key: kv.size(key) or 0 for key in kv.keys()}  # every stored cache, named or not
+    on_disk = set(sizes)
     entries = catalog.cache_entries()
     known = {k for k, _ in entries}
     present = [b for k, b in entries if k in on_disk]
@@ -68,8 +64,8 @@ def cache_stats(store: Path = StoreOpt, as_json: bool = JsonOpt) -> None:
         chunk_tokens=int(meta["chunk_tokens"]) if "chunk_tokens" in meta else None,
         chunk_overlap=int(meta["chunk_overlap"]) if "chunk_overlap" in meta else None,
         store_dtype=meta.get("store_dtype"),
-        disk_bytes=sum(f.stat().st_size for f in files),
-        orphan_files=sum(1 for f in files if f.stem not in known),
+        disk_bytes=sum(sizes.values()),
+        orphan_files=sum(1 for key in sizes if key not in known),
     )
     missing = stats["missing_caches"]
     if missing:
@@ -178,10 +174,10 @@ def cache_gc(store: Path = StoreOpt, as_json: bool = JsonOpt) -> None:
         with catalog.write_lock():  # no ingest is running: every file the catalog does not name is garbage
             freed += free_caches(catalog, kv)
             known = {k for k, _ in catalog.cache_entries()}
-            kv_dir = catalog.root / "kv"
-            garbage = [f for f in _cache_files(catalog.root) if f.stem not in known]
-            if kv_dir.is_dir():
-                garbage += list(kv_dir.glob("*/.tmp-*"))
+            for key in [k for k in kv.keys() if k not in known]:
+                freed += kv.delete(key)
+                files += 1
+            garbage = kv.backend.stray_files() if hasattr(kv.backend, "stray_files") else []
             garbage += list(catalog.root.glob(f".tmp-*{INDEX_FILE}"))
             for f in garbage:
                 freed += f.stat().st_size

@@ -295,7 +295,7 @@ class Engine:
         wanted: dict[str, set[int]] = {}
         for k, layers in zip(keys, kv.needed_layers(lengths, len(prompt.prefix), windows)):
             wanted.setdefault(k, set()).update(layers)
-        loaded = {k: self.store.get_layers(k, sorted(layers)) for k, layers in wanted.items()}
+        loaded = self.store.get_many_layers({k: sorted(layers) for k, layers in wanted.items()})
         missing = {k: ids for k, ids in zip(keys, prompt.chunks) if loaded[k] is None}
         if missing:
             loaded.update(self._compute_and_store(missing, keep=True))

@@ -221,7 +221,7 @@ class Ingestor:
             self._precompute(repair_items, res)
             res.repaired_caches = len(repair_items)
             for k, _, _ in repair_items:
-                self.catalog.set_cache_bytes(k, _size(store.path(k)))
+                self.catalog.set_cache_bytes(k, store.size(k) or 0)
 
         group: list[_Pending] = []
         for p in pending:
@@ -259,7 +259,7 @@ class Ingestor:
             chunks, tokens = self.engine.precompute([t for _, t in part], on_batch=on_batch)
             res.computed_chunks += chunks
             res.tokens += tokens
-            res.cache_bytes += sum(_size(store.path(k)) for k, _ in part)
+            res.cache_bytes += sum(store.size(k) or 0 for k, _ in part)
 
     def _commit_group(self, group: list[_Pending], res: IngestResult) -> None:
         self._precompute([(k, c.text, n) for p in group for c, k, n in zip(p.chunks, p.keys, p.sizes)], res)
@@ -268,7 +268,7 @@ class Ingestor:
         for p in group:
             new = []
             for c, key in zip(p.chunks, p.keys):
-                emb, size = vectors[c.text].tobytes(), _size(self.engine.store.path(key))
+                emb, size = vectors[c.text].tobytes(), self.engine.store.size(key) or 0
                 new.append(NewChunk(c.chunk_id, c.ordinal, c.text, c.tokens, c.hash, key, emb, size))
             added, removed = self.catalog.replace_document(
                 p.doc.doc_id, p.doc.path, p.doc.file_hash, p.doc.content_hash, new
@@ -315,21 +315,9 @@ def _under(path: str, roots: list[str]) -> bool:
     return any(path == r or path.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
 
 
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
 def free_caches(catalog: Catalog, kv) -> int:
-    """Delete the cache files that no chunk refers to any more; returns bytes freed."""
-    freed = 0
-    for key in catalog.drop_unreferenced_entries():
-        path = kv.path(key)
-        freed += _size(path)
-        path.unlink(missing_ok=True)
-    return freed
+    """Delete the caches that no chunk refers to any more; returns bytes freed."""
+    return sum(kv.delete(key) for key in catalog.drop_unreferenced_entries())
 
 
 def remove(catalog: Catalog, kv, paths: Sequence[str | Path]) -> tuple[int, int]:
