@@ -110,3 +110,25 @@ class FileBackend:
         if not kv.is_dir():
             return []
         return [f for f in sorted(kv.glob("*/*.safetensors")) if not f.name.startswith(".")]
+
+
+def open_backend(url: str | Path) -> Backend:
+    """The backend a store URL names: a path or `file:///path` (files), `redis://host:port/db` or
+    `redis+cluster://host:port` (store/redis_backend.py; needs the `redis` package)."""
+    text = str(url)
+    if text.startswith(("redis://", "rediss://", "redis+cluster://")):
+        from turborag.store.redis_backend import open_redis
+
+        return open_redis(text)
+    if text.startswith("file://"):
+        from urllib.parse import unquote, urlparse
+
+        parsed = urlparse(text)
+        if parsed.netloc not in ("", "localhost"):
+            raise ValueError(f"{text}: a file:// store URL names a local path (file:///path)")
+        return FileBackend(unquote(parsed.path))
+    if "://" in text:
+        raise ValueError(
+            f"unknown store URL {text!r}: use file:///path, redis://host:port/db or redis+cluster://host:port"
+        )
+    return FileBackend(text)
