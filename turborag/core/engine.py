@@ -29,7 +29,8 @@ from turborag.core.model import LoadedModel, layer_inv_freq, layer_windows
 from turborag.core.prefix_cache import PrefixCache
 from turborag.core.prompt import Prompt, PromptLayout
 from turborag.store.chunk_kv import ChunkKV
-from turborag.store.kv_store import KVStore, cache_key
+from turborag.store.kv_store import KVStore, Layers, cache_key
+from turborag.store.ram_tier import RamTier
 
 _POSITIONS = {
     "turbo": "reordered",
@@ -76,6 +77,7 @@ class Engine:
         recompute_ratio: float = 0.15,
         prefix_block: int = 64,
         prefix_cache_tokens: int = 32768,
+        ram_cache_bytes: int = 0,
     ):
         if recompute_k < 0 or not 0 <= recompute_ratio <= 1:
             raise ValueError("recompute_k must be >= 0 and recompute_ratio in [0, 1]")
@@ -95,6 +97,7 @@ class Engine:
         self.prefix_cache = PrefixCache(
             block_size=prefix_block, max_tokens=prefix_cache_tokens, salt=lm.fingerprint
         )
+        self.ram = RamTier(ram_cache_bytes)  # decoded chunk caches in the compute dtype (store/ram_tier.py)
 
     # -- modes ---------------------------------------------------------------------------------------------
 
@@ -295,7 +298,7 @@ class Engine:
         wanted: dict[str, set[int]] = {}
         for k, layers in zip(keys, kv.needed_layers(lengths, len(prompt.prefix), windows)):
             wanted.setdefault(k, set()).update(layers)
-        loaded = self.store.get_many_layers({k: sorted(layers) for k, layers in wanted.items()})
+        loaded = self._load_chunks({k: sorted(layers) for k, layers in wanted.items()})
         missing = {k: ids for k, ids in zip(keys, prompt.chunks) if loaded[k] is None}
         if missing:
             loaded.update(self._compute_and_store(missing, keep=True))
@@ -308,6 +311,25 @@ class Engine:
             recomputed = self._recompute(cache, prompt, positions, mode)
         cached = len(prompt.prefix) + prompt.context_tokens - recomputed
         return cache, next_pos, cached, len(missing)
+
+    def _load_chunks(self, wanted: dict[str, list[int]]) -> dict[str, Layers | None]:
+        """Per chunk key, (k, v) for the layers wanted (None for the others): from the RAM tier, else read
+        from the store in one round trip and kept in the RAM tier in the compute dtype; None if not stored."""
+        n_layers = len(self.windows)
+        out: dict[str, Layers | None] = {}
+        for key, layers in wanted.items():
+            held = self.ram.get(key, layers)
+            if held is not None:
+                out[key] = [held.get(i) for i in range(n_layers)]
+        read = self.store.get_many_layers({k: v for k, v in wanted.items() if k not in out})
+        dev, dtype = self.lm.device, self.lm.dtype
+        for key, layers in read.items():
+            if layers is not None and self.ram.max_bytes:
+                ready = {i: (p[0].to(dev, dtype), p[1].to(dev, dtype)) for i, p in enumerate(layers) if p}
+                self.ram.put(key, ready)
+                layers = [ready.get(i) for i in range(n_layers)]
+            out[key] = layers
+        return out
 
     def prefill_question(self, cache, prompt: Prompt, next_pos: int) -> torch.Tensor:
         """Run the question on top of an assembled context; returns the last position's logits (vocab,)."""
