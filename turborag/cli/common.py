@@ -69,6 +69,26 @@ StoreDtypeOpt = typer.Option(
     help="compute dtype: auto, float32, bfloat16, float16 (default: the store's; auto for a new store)",
 )
 JsonOpt = typer.Option(False, "--json", help="print one JSON object")
+StoreUrlOpt = typer.Option(
+    None,
+    "--store-url",
+    help="where a new store keeps its chunk caches: file:///path, redis://host:port/db or "
+    "redis+cluster://host:port (default: the store's own folder); recorded in the store",
+)
+
+
+def parse_bytes(text: str) -> int:
+    """`2G`, `512M`, `64k` or a plain number of bytes -> bytes (powers of 1024); ValueError otherwise."""
+    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    number, unit = (t[:-1], t[-1]) if t and t[-1] in units else (t, "")
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"not a size: {text!r} (use e.g. 2G, 512M or a number of bytes)") from None
+    if value < 0:
+        raise ValueError(f"a size must not be negative: {text!r}")
+    return int(value * units[unit])
 
 
 def plural(n: int, word: str, plural_word: str | None = None) -> str:

@@ -19,6 +19,7 @@ from turborag.cli.common import (
     StoreModelOpt,
     StoreOpt,
     StoreTemplateOpt,
+    StoreUrlOpt,
     console,
     fail,
     plural,
@@ -85,6 +86,7 @@ def ingest(
         None, min=0, help="chunk overlap in model tokens (default 32, or the store's)"
     ),
     prune: bool = typer.Option(False, "--prune", help="also drop documents whose files are gone"),
+    store_url: str = StoreUrlOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Add files to the store: chunk, precompute KV caches, embed. Unchanged files cost nothing; a killed run
@@ -115,7 +117,15 @@ def ingest(
         except ValueError as e:
             fail(str(e))
         engine = load_engine(
-            catalog, model, device, template, ingest=True, dtype=dtype, chunk_tokens=size, chunk_overlap=ovl
+            catalog,
+            model,
+            device,
+            template,
+            ingest=True,
+            dtype=dtype,
+            kv_url=store_url,
+            chunk_tokens=size,
+            chunk_overlap=ovl,
         )
     except typer.Exit:
         catalog.discard()  # a store this run created, bound to nothing yet: not left behind

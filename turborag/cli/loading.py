@@ -73,6 +73,8 @@ def load_engine(
     template: str | None,
     ingest: bool = False,
     dtype: str | None = None,
+    kv_url: str | None = None,
+    ram_cache_bytes: int = 0,
     **settings,
 ):
     """The engine for this store; with `ingest`, binds a new store to the model (and settings).
@@ -114,7 +116,8 @@ def load_engine(
             catalog.check_settings(dtype=dtype_name(compute))
         with console.status(f"loading {spec}"):
             lm = load_model(spec, device, compute)
-        engine = Engine(lm, KVStore(catalog.root, store_dtype), template or meta.get("template") or "auto")
+        kv = KVStore(_kv_backend(catalog, kv_url, bind=ingest), store_dtype)
+        engine = Engine(lm, kv, template or meta.get("template") or "auto", ram_cache_bytes=ram_cache_bytes)
         bound = dict(
             template=engine.layout.template,
             store_dtype=engine.store.dtype,
@@ -135,4 +138,24 @@ def store_kv(catalog: Catalog):
     """The KV cache store of an open catalog, in the cache dtype it was built with."""
     from turborag.store.kv_store import KVStore
 
-    return KVStore(catalog.root, catalog.meta().get("store_dtype", "float16"))
+    return KVStore(_kv_backend(catalog), catalog.meta().get("store_dtype", "float16"))
+
+
+def _kv_backend(catalog: Catalog, kv_url: str | None = None, bind: bool = False):
+    """Where this store's chunk caches live: the catalog records a `--store-url` given when the store was
+    first ingested into (a store without one keeps them in its own folder, `kv/`). A different URL for a
+    store bound to one is refused; an unreachable store is one `error:` line."""
+    from turborag.store.backends import open_backend
+    from turborag.store.errors import StoreUnavailable
+
+    recorded = catalog.meta().get("kv_url")
+    if kv_url and recorded != kv_url and (recorded or "model_fingerprint" in catalog.meta()):
+        where = recorded or f"its own folder ({catalog.root / 'kv'})"
+        fail(f"store {catalog.root} keeps its caches in {where}, not {kv_url}: use another --store for that")
+    try:
+        backend = open_backend(recorded or kv_url or catalog.root)
+    except (StoreUnavailable, ValueError, ImportError) as e:
+        fail(str(e))
+    if bind and kv_url and not recorded:
+        catalog.set_meta(kv_url=kv_url)
+    return backend

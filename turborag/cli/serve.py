@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from turborag.cli.common import DeviceOpt, StoreDtypeOpt, console
+from turborag.cli.common import DeviceOpt, StoreDtypeOpt, console, fail, parse_bytes
 from turborag.cli.loading import default_store, engine_for, load_engine, open_catalog
 from turborag.cli.remote import local_url, remove_server_file, write_server_file
 from turborag.core.defaults import DEFAULT_MODEL
@@ -31,13 +31,20 @@ def serve(
     dtype: str = StoreDtypeOpt,
     max_queue: int = typer.Option(64, min=1, help="requests waiting for the model before 503"),
     max_tokens: int = typer.Option(64, min=1, help="default max_tokens of a request"),
+    ram_cache_bytes: str = typer.Option(
+        "1G", "--ram-cache-bytes", help="RAM tier: decoded chunk caches held in memory, LRU (e.g. 2G; 0: off)"
+    ),
 ) -> None:
     """OpenAI-compatible HTTP server: /v1/chat/completions (retrieval + turbo), /v1/completions, documents."""
     import uvicorn
 
     from turborag.serve import create_app
 
-    backend = serve_backend(store, model, device, max_tokens, dtype=dtype)
+    try:
+        ram = parse_bytes(ram_cache_bytes)
+    except ValueError as e:
+        fail(f"--ram-cache-bytes: {e}")
+    backend = serve_backend(store, model, device, max_tokens, dtype=dtype, ram_cache_bytes=ram)
     app = create_app(backend, api_key=api_key, max_queue=max_queue)
     where = f"store {backend.documents.root}" if backend.documents else "no store (no retrieval)"
     console.print(f"serving {backend.model_name} on http://{host}:{port}/v1 with {where}")
@@ -63,6 +70,7 @@ def serve_backend(
     max_tokens: int,
     use_store: bool = True,
     dtype: str | None = None,
+    ram_cache_bytes: int = 0,
 ):
     """What the server serves: the store's engine with retrieval and documents, or a bare engine."""
     from turborag.serve import Backend
@@ -73,7 +81,8 @@ def serve_backend(
         engine = engine_for(model or DEFAULT_MODEL, device, None, "auto", dtype or "auto")
         return Backend(engine, engine.lm.name, default_max_tokens=max_tokens)
     catalog = open_catalog(root, create=False)
-    engine = load_engine(catalog, model, device, None, dtype=dtype)  # refuses another model or dtype
+    # refuses another model or dtype
+    engine = load_engine(catalog, model, device, None, dtype=dtype, ram_cache_bytes=ram_cache_bytes)
     catalog.close()
     docs = StoreBackend(root, engine)
     return Backend(

@@ -148,7 +148,7 @@ class Engine:
             for k, c in zip(part, caches):
                 self.store.put(k, c)
                 if keep:
-                    out[k] = ChunkKV(c.k.to(self.store.torch_dtype), c.v.to(self.store.torch_dtype))
+                    out[k] = self.store.as_stored(c)
         return out
 
     # -- answering -----------------------------------------------------------------------------------

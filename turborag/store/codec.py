@@ -4,7 +4,7 @@ Any backend stores these blobs as they are (a file, a Redis value), so what a bl
 lives here, once.
 
 Format 2 (what `encode` writes): one tensor per layer and kind, `k.{i}` and `v.{i}`, each (kv_heads, T,
-head_dim) in the store dtype, and in the safetensors metadata `format: turborag-kv`, `version: "2"`,
+head_dim) in the store's format, and in the safetensors metadata `format: turborag-kv`, `version: "2"`,
 `layers`, `tokens` and one xxh3-64 hash per tensor (`xxh3.k.{i}`, hex).
 
 - Per-layer tensors: a request reads only the layers it needs. With Gemma 3 most chunks of a long context
@@ -13,11 +13,42 @@ head_dim) in the store dtype, and in the safetensors metadata `format: turborag-
 - A hash per tensor: verification covers exactly what is read, at memory speed (xxh3 runs at tens of
   GB/s, CRC32 in zlib at ~1), so checking never costs more than the read it guards. A damaged tensor that
   is never requested is never used either; it is caught when it is requested, or by `cache verify`.
-- Decoding returns zero-copy views over the buffer it is given (a private file mapping, or the bytes read
-  from Redis), so a requested layer costs one pass (the hash) plus whatever the caller does with it.
+- Decoding a cast format returns zero-copy views over the buffer it is given (a private file mapping, or
+  the bytes read from Redis), so a requested layer costs one pass (the hash) plus whatever the caller does
+  with it.
+
+Store formats (`FORMATS`): `float16`, `bfloat16`, `float32` store the tensors cast to that dtype. `int8` and
+`fp8` store them quantized, 1 byte per element plus scales (`tensor_bytes`: int8 is 0.5 + 1/(2 head_dim) +
+1/(2 T) of float16, 0.504 for Gemma 3's head_dim 256 at T = 256 tokens; fp8 0.500); the blob's metadata says
+`quant: int8|fp8`, each layer adds the scale tensors `ks.{i}` and `vs.{i}` (bfloat16, hashed like the
+others), and decoding returns the requested layers dequantized to float16 (`decoded_dtype`), new tensors
+rather than views. x ~= q * scale, symmetric (no zero point):
+
+- `int8` (KIVI, arXiv 2402.02750): keys per channel, `ks.{i}` (H, 1, D), one scale per head and dimension over
+  the chunk's tokens; values per token, `vs.{i}` (H, T, 1), one scale per head and token over head_dim.
+  Keys have outlier channels (a few dimensions 10-100x the others, the same in every token), so a per-token
+  scale would spend the 8 bits on them; values have no such channels but vary per token. Keys are stored
+  after RoPE, which mixes dimension j with j + D/2 at a per-token angle, so a channel's scale covers the
+  magnitude of its rotated pair: it still works (measured on keys with outlier channels rotated at 256
+  positions: 0.8% relative error per channel scale, 1.4-2.4% per token scale).
+- `fp8` (vLLM's fp8 KV cache): float8 e4m3 (3 mantissa bits, max 448), `ks.{i}` and `vs.{i}` (H, 1, 1), one
+  scale per head and kind (amax / 448). A float format keeps its relative precision over 15 binades, so finer
+  scales barely help (measured: 2.6% with per-head scales, 2.5% with KIVI's), and int8 is 4x more precise at
+  the same size: fp8 exists for parity with fp8 serving stacks, int8 is the one to use.
+
+Scales are rounded *up* to bfloat16 (never down, so |x / scale| stays within the int8 or fp8 range) and
+quantization divides by the rounded scale, so the error bound is that of the stored scale: round(x / s) * s is
+within s / 2 of x. Decoded float16 rather than bfloat16: q * s carries up to 16 significant bits, float16
+keeps 11 of them (rounding error 1/16 of an int8 step), bfloat16 8 (up to half a step near a channel's
+maximum; measured: +0.05% vs +4% on int8's error). K/V values are far inside float16's range (inputs are
+clipped at +-60000 so that the dequantized values stay finite). Assembly casts to the compute dtype anyway.
+
+`as_stored` gives what a put followed by a read returns (cast, or quantized and dequantized, on the CPU
+exactly as `encode` and `decode` do), so a chunk computed during a request is numerically the one that later
+requests read.
 
 Format 1 (written by early versions, still read): tensors `k` and `v`, (layers, kv_heads, T, head_dim), and a
-CRC32 of the whole data section; reading it checks the whole blob, whatever is asked for.
+CRC32 of the whole data section; reading it checks the whole blob, whatever is asked for. Never quantized.
 """
 
 from __future__ import annotations
@@ -35,8 +66,20 @@ from turborag.store.chunk_kv import ChunkKV
 
 FILE_FORMAT = "2"  # what encode writes; decode also reads format "1"
 MAGIC = "turborag-kv"
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
-_ST_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}  # cast formats
+QUANT = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}  # quantized formats: the dtype of q
+FORMATS = (*DTYPES, *QUANT)  # every store format
+SCALE_DTYPE = torch.bfloat16  # the scales of a quantized blob: float32's range in 2 bytes
+DECODED = torch.float16  # what a quantized blob decodes to (see the module docstring)
+_QMAX = {"int8": 127.0, "fp8": 448.0}  # largest |q|: symmetric int8 (-128 unused), e4m3's largest finite
+_CLIP = 60000.0  # |x| beyond this is clipped before quantizing, so that q * scale stays finite in float16
+_ST_DTYPES = {
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F32": torch.float32,
+    "I8": torch.int8,
+    "F8_E4M3": torch.float8_e4m3fn,
+}
 _MAX_HEADER = 100_000_000  # safetensors' own limit: a larger length is damage, not a header to read
 
 Layers = list[tuple[torch.Tensor, torch.Tensor] | None]
@@ -50,23 +93,114 @@ def xxh3(buf) -> str:
     return xxhash.xxh3_64_hexdigest(buf)
 
 
-def encode(kv: ChunkKV, dtype: torch.dtype) -> bytes:
-    """Format 2 bytes of `kv`, its tensors in `dtype`."""
-    k = kv.k.detach().to("cpu", dtype)  # (L, H, T, D)
-    v = kv.v.detach().to("cpu", dtype)  # (L, H, T, D)
-    if k.dim() != 4 or k.shape != v.shape:
-        raise ValueError(f"K and V must be (layers, kv_heads, T, head_dim), got {k.shape}, {v.shape}")
-    layers, _, tokens, _ = k.shape
-    tensors: dict[str, torch.Tensor] = {}
+def _format_name(fmt: str | torch.dtype) -> str:
+    """A store format name; a torch dtype (what callers passed before quantized formats) is a cast format."""
+    if isinstance(fmt, torch.dtype):
+        for name, dtype in DTYPES.items():
+            if dtype == fmt:
+                return name
+    elif fmt in FORMATS:
+        return fmt
+    raise ValueError(f"unknown store format {fmt!r}: use one of {', '.join(FORMATS)}")
+
+
+def decoded_dtype(fmt: str | torch.dtype) -> torch.dtype:
+    """The dtype that `decode` and `as_stored` return for a store format."""
+    fmt = _format_name(fmt)
+    return DTYPES[fmt] if fmt in DTYPES else DECODED
+
+
+def tensor_bytes(fmt: str | torch.dtype, layers: int, kv_heads: int, tokens: int, head_dim: int) -> int:
+    """Bytes of a chunk's tensors in a blob of this format, scales included (the header is not counted)."""
+    fmt = _format_name(fmt)
+    n = 2 * layers * kv_heads * tokens * head_dim  # K and V elements
+    if fmt in DTYPES:
+        return n * DTYPES[fmt].itemsize
+    scales = (head_dim + tokens) if fmt == "int8" else 2  # per (layer, head): K per channel + V per token
+    return n + layers * kv_heads * scales * SCALE_DTYPE.itemsize
+
+
+# -- quantization --------------------------------------------------------------------------------------------
+
+
+def _scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
+    """amax / qmax rounded up to SCALE_DTYPE: dividing by it keeps |x| / scale <= qmax."""
+    s = (amax / qmax).clamp_min(torch.finfo(torch.float32).tiny)  # an all-zero row divides by a tiny scale
+    r = s.to(SCALE_DTYPE)
+    return torch.where(r.float() < s, torch.nextafter(r, torch.full_like(r, math.inf)), r)
+
+
+def _quantize(x: torch.Tensor, fmt: str, over: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (..., T, D) -> (q in QUANT[fmt], scale in SCALE_DTYPE), one scale per reduction over the dims `over`
+    (kept as size 1, so that q * scale broadcasts back)."""
+    x = x.detach().to("cpu", torch.float32).clamp(-_CLIP, _CLIP)
+    scale = _scale(x.abs().amax(dim=over, keepdim=True), _QMAX[fmt])
+    y = x / scale.float()
+    if fmt == "int8":
+        return y.round().clamp(-127, 127).to(torch.int8), scale
+    # The clamp: the division can land an ulp above 448, and casts beyond it are not saturating everywhere.
+    return y.clamp(-448, 448).to(torch.float8_e4m3fn), scale
+
+
+def quantize(kv: ChunkKV, fmt: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(k_q, v_q, k_scale, v_scale) of a stacked chunk cache, on the CPU. k_q, v_q: (L, H, T, D). Scales:
+    int8 k (L, H, 1, D) per channel and v (L, H, T, 1) per token; fp8 (L, H, 1, 1) per head.
+
+    Every step is elementwise or a max, so quantizing a stack equals quantizing its layers one at a time."""
+    if kv.k.shape[2] == 0:
+        raise ValueError("cannot quantize an empty chunk")
+    if fmt == "int8":
+        (kq, ks), (vq, vs) = _quantize(kv.k, fmt, (2,)), _quantize(kv.v, fmt, (3,))
+    else:
+        (kq, ks), (vq, vs) = _quantize(kv.k, fmt, (2, 3)), _quantize(kv.v, fmt, (2, 3))
+    return kq, vq, ks, vs
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """q * scale in DECODED, through float32 (one rounding): any shape, scale broadcast over q."""
+    return (q.to(torch.float32) * scale.to(torch.float32)).to(DECODED)
+
+
+def as_stored(kv: ChunkKV, fmt: str | torch.dtype) -> ChunkKV:
+    """What `decode(encode(kv, fmt), fmt)` returns, stacked (L, H, T, D), on kv's device.
+
+    A cast format casts where kv is (a correctly rounded cast gives the same values on any device); a
+    quantized one runs on the CPU, as `encode` does, so that the result is bit-identical to a read."""
+    fmt = _format_name(fmt)
+    if fmt in DTYPES:
+        return ChunkKV(kv.k.to(DTYPES[fmt]), kv.v.to(DTYPES[fmt]))
+    kq, vq, ks, vs = quantize(kv, fmt)
+    return ChunkKV(dequantize(kq, ks).to(kv.k.device), dequantize(vq, vs).to(kv.v.device))
+
+
+# -- writing -------------------------------------------------------------------------------------------------
+
+
+def encode(kv: ChunkKV, fmt: str | torch.dtype) -> bytes:
+    """Format 2 bytes of `kv` in a store format (a name from FORMATS, or the torch dtype of a cast format)."""
+    fmt = _format_name(fmt)
+    if kv.k.dim() != 4 or kv.k.shape != kv.v.shape:
+        raise ValueError(f"K and V must be (layers, kv_heads, T, head_dim), got {kv.k.shape}, {kv.v.shape}")
+    layers, _, tokens, _ = kv.k.shape
     meta = {"format": MAGIC, "version": FILE_FORMAT, "layers": str(layers), "tokens": str(tokens)}
+    if fmt in DTYPES:
+        stacks = {"k": kv.k.detach().to("cpu", DTYPES[fmt]), "v": kv.v.detach().to("cpu", DTYPES[fmt])}
+    else:
+        kq, vq, ks, vs = quantize(kv, fmt)
+        stacks = {"k": kq, "v": vq, "ks": ks, "vs": vs}
+        meta["quant"] = fmt
+    tensors: dict[str, torch.Tensor] = {}
     for i in range(layers):
-        for kind, stacked in (("k", k), ("v", v)):
+        for kind, stacked in stacks.items():
             # A copy per layer: some safetensors versions refuse tensors that share a storage, and the
             # write path is not the hot one.
-            t = stacked[i].clone(memory_format=torch.contiguous_format)  # (H, T, D)
+            t = stacked[i].clone(memory_format=torch.contiguous_format)  # (H, T, D), a scale (H, 1|T, 1|D)
             tensors[f"{kind}.{i}"] = t
             meta[f"xxh3.{kind}.{i}"] = xxh3(t.view(torch.uint8).numpy())  # the bytes as stored
     return st_save(tensors, metadata=meta)
+
+
+# -- reading -------------------------------------------------------------------------------------------------
 
 
 def blob_format(buf) -> str | None:
@@ -80,11 +214,13 @@ def blob_format(buf) -> str | None:
     return version if version in ("1", "2") else None
 
 
-def decode(buf, dtype: torch.dtype, layers: list[int] | None = None) -> Layers:
-    """Per-layer (k, v), each (kv_heads, T, head_dim), for the layer indices asked for (all if None), as
-    views over `buf` (a writable buffer that must outlive them); other entries are None, their bytes neither
-    read nor checked. Raises Damaged for anything that is not a sound blob of `dtype`, and IndexError for a
-    layer outside the cache (the caller's error, not damage)."""
+def decode(buf, fmt: str | torch.dtype, layers: list[int] | None = None) -> Layers:
+    """Per-layer (k, v), each (kv_heads, T, head_dim), for the layer indices asked for (all if None); other
+    entries are None, their bytes neither read nor checked. A cast format gives views over `buf` (a writable
+    buffer that must outlive them), a quantized one new tensors in `decoded_dtype(fmt)`. Raises Damaged for
+    anything that is not a sound blob of the store format `fmt` (a blob of another format included), and
+    IndexError for a layer outside the cache (the caller's error, not damage)."""
+    fmt = _format_name(fmt)
     if len(buf) < 8:
         raise Damaged("truncated")
     n = header_length(bytes(buf[:8]), len(buf))
@@ -92,9 +228,11 @@ def decode(buf, dtype: torch.dtype, layers: list[int] | None = None) -> Layers:
     data = memoryview(buf)[8 + n :]  # the data section: offsets in the header are relative to it
     version = meta.get("version")
     if version == "2":
-        return _layers_v2(header, meta, data, 8 + n, dtype, layers)
+        return _layers_v2(header, meta, data, 8 + n, fmt, layers)
     if version == "1":
-        return _layers_v1(header, meta, data, 8 + n, dtype, layers)
+        if fmt not in DTYPES:
+            raise Damaged(f"a format-1 blob is never quantized, the store holds {fmt}")
+        return _layers_v1(header, meta, data, 8 + n, DTYPES[fmt], layers)
     raise Damaged(f"unknown format version {version!r}")
 
 
@@ -140,12 +278,25 @@ class _Entry:
         return torch.frombuffer(data, dtype=self.dtype, count=numel, offset=self.start).view(self.shape)
 
 
-def _layers_v2(header: dict, meta: dict, data: memoryview, base: int, dtype, layers) -> Layers:
+def _scale_shape(fmt: str, kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Shape of a layer's K ("ks") or V ("vs") scale for q of `shape` (H, T, D)."""
+    h, t, d = shape
+    if fmt == "fp8":
+        return (h, 1, 1)  # per head
+    return (h, 1, d) if kind == "ks" else (h, t, 1)  # int8: K per channel, V per token
+
+
+def _layers_v2(header: dict, meta: dict, data: memoryview, base: int, fmt: str, layers) -> Layers:
+    quant = meta.get("quant")
+    if quant != (fmt if fmt in QUANT else None):
+        found = f"quantized as {quant}" if quant else "not quantized"
+        raise Damaged(f"the blob is {found}, the store holds {fmt}")
     try:
         n_layers, tokens = int(meta["layers"]), int(meta["tokens"])
     except (KeyError, TypeError, ValueError) as e:
         raise Damaged("layer or token count missing") from e
-    names = {f"{kind}.{i}" for i in range(n_layers) for kind in "kv"}
+    kinds = ("k", "v", "ks", "vs") if quant else ("k", "v")
+    names = {f"{kind}.{i}" for i in range(n_layers) for kind in kinds}
     if n_layers < 1 or set(header) != names:
         raise Damaged("unexpected tensors")
     try:  # a truncated (or extended) blob, whichever layer it hits: safetensors data has no gaps
@@ -154,21 +305,29 @@ def _layers_v2(header: dict, meta: dict, data: memoryview, base: int, dtype, lay
         raise Damaged("bad offsets") from e
     if not complete:
         raise Damaged("data section size differs from the header")
+    dtype = QUANT[fmt] if quant else DTYPES[fmt]
     out: Layers = [None] * n_layers
     shapes = set()
     for i in _wanted(layers, n_layers):
         # Like the hashes, only the entries of requested tensors are checked: the others are not used, and
         # checking all of them would be most of the cost of a small request.
-        pair = []
-        for kind in "kv":
-            e = _entry(f"{kind}.{i}", header[f"{kind}.{i}"], 3, data, base, dtype)
-            shapes.add(e.shape)
-            if len(shapes) > 1 or e.shape[1] != tokens:
-                raise Damaged("tensor shapes differ")
-            if xxh3(data[e.start : e.end]) != meta.get(f"xxh3.{e.name}"):
-                raise Damaged(f"hash mismatch in {e.name}")
-            pair.append(e.tensor(data))  # (H, T, D)
-        out[i] = (pair[0], pair[1])
+        t = {}
+        for kind in kinds:
+            name = f"{kind}.{i}"
+            e = _entry(name, header[name], 3, data, base, SCALE_DTYPE if kind in ("ks", "vs") else dtype)
+            if kind in ("k", "v"):
+                shapes.add(e.shape)
+                if len(shapes) > 1 or e.shape[1] != tokens:
+                    raise Damaged("tensor shapes differ")
+            elif e.shape != _scale_shape(fmt, kind, t["k"].shape):
+                raise Damaged(f"bad shape for {name}")
+            if xxh3(data[e.start : e.end]) != meta.get(f"xxh3.{name}"):
+                raise Damaged(f"hash mismatch in {name}")
+            t[kind] = e.tensor(data)  # (H, T, D), a scale (H, 1|T, 1|D)
+        if quant:
+            out[i] = (dequantize(t["k"], t["ks"]), dequantize(t["v"], t["vs"]))
+        else:
+            out[i] = (t["k"], t["v"])
     return out
 
 
@@ -195,8 +354,8 @@ def _wanted(layers: list[int] | None, n_layers: int) -> list[int]:
 
 
 def _entry(name: str, entry, ndim: int, data: memoryview, base: int, dtype: torch.dtype) -> _Entry:
-    """The header entry of one tensor, checked: store dtype, shape, offsets inside the data section and
-    consistent with the shape, aligned for its dtype."""
+    """The header entry of one tensor, checked: the dtype the store format gives it, shape, offsets inside
+    the data section and consistent with the shape, aligned for its dtype."""
     if not isinstance(entry, dict):
         raise Damaged(f"bad entry for {name}")
     found = _ST_DTYPES.get(entry.get("dtype"))

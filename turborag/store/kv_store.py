@@ -8,6 +8,10 @@ the same whichever backend holds the blobs.
 
 Reads verify what they return: a damaged blob is logged, deleted and reported as missing (the caller
 recomputes it), never used.
+
+The store format (`dtype`) is one of `codec.FORMATS`: float16, bfloat16, float32 (the tensors cast), or int8
+and fp8 (quantized, about half the bytes of float16, read back dequantized to float16; codec.py says how).
+It is part of the key, so stores of different formats never share a cache.
 """
 
 from __future__ import annotations
@@ -37,14 +41,18 @@ def cache_key(fingerprint: str, prefix_ids: list[int], chunk_ids: list[int], dty
 
 
 class KVStore:
-    """Chunk caches in one backend; `KVStore(root)` keeps them as files, `root/kv/ab/<key>.safetensors`."""
+    """Chunk caches in one backend; `KVStore(root)` keeps them as files, `root/kv/ab/<key>.safetensors`.
+
+    `dtype` is the store format (a name from `codec.FORMATS`); `torch_dtype` is the dtype that reads return
+    (for int8 and fp8, float16: the dequantized values)."""
 
     def __init__(self, root: str | Path | Backend, dtype: str = "float16"):
-        if dtype not in codec.DTYPES:
-            raise ValueError(f"unknown store dtype {dtype!r}: use one of {sorted(codec.DTYPES)}")
+        if dtype not in codec.FORMATS:
+            raise ValueError(f"unknown store dtype {dtype!r}: use one of {', '.join(codec.FORMATS)}")
         self.backend = FileBackend(root) if isinstance(root, (str, Path)) else root
         self.dtype = dtype
-        self.torch_dtype = codec.DTYPES[dtype]
+        self.torch_dtype = codec.decoded_dtype(dtype)
+        self.quantized = dtype in codec.QUANT
         self.hits = 0
         self.misses = 0
 
@@ -75,7 +83,12 @@ class KVStore:
 
     def put(self, key: str, kv: ChunkKV) -> int:
         """Store atomically in format 2; returns bytes written."""
-        return self.backend.put(key, codec.encode(kv, self.torch_dtype))
+        return self.backend.put(key, codec.encode(kv, self.dtype))
+
+    def as_stored(self, kv: ChunkKV) -> ChunkKV:
+        """What `put` followed by `get` returns (cast, or quantized and dequantized), on kv's device: a chunk
+        computed during a request is then numerically the one every later request reads."""
+        return codec.as_stored(kv, self.dtype)
 
     # -- reading -------------------------------------------------------------------------------------------
 
@@ -96,9 +109,10 @@ class KVStore:
         the other entries of the list are None and their bytes are neither read nor checked.
 
         The tensors are zero-copy views over the blob's buffer (for a file, a private mapping: writable,
-        writes never reach the file), each checked against its hash before it is returned. Returns None if
-        the blob is missing or damaged (a damaged blob is logged and deleted, like `get`). A format-1 blob is
-        checked whole. An index outside the cache's layers is the caller's error: IndexError, blob kept."""
+        writes never reach the file), each checked against its hash before it is returned; in a quantized
+        store they are new tensors, dequantized from checked bytes. Returns None if the blob is missing or
+        damaged (a damaged blob is logged and deleted, like `get`). A format-1 blob is checked whole. An index
+        outside the cache's layers is the caller's error: IndexError, blob kept."""
         return self._decode(key, self.backend.get(key), layers)
 
     def get_many_layers(self, wanted: dict[str, list[int] | None]) -> dict[str, Layers | None]:
@@ -111,7 +125,7 @@ class KVStore:
             self.misses += 1
             return None
         try:
-            out = codec.decode(buf, self.torch_dtype, layers)
+            out = codec.decode(buf, self.dtype, layers)
         except codec.Damaged as e:
             log.warning(
                 "damaged cache %s in %s (%s): ignored and removed; it will be recomputed",

@@ -1,0 +1,86 @@
+"""`--store-url`: a store's caches somewhere else than its folder, recorded in the store; sizes as options."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import cli_json, write_corpus
+from typer.testing import CliRunner
+
+from turborag.cli import app
+from turborag.cli.common import parse_bytes
+
+runner = CliRunner()
+
+
+def test_caches_live_where_the_url_says_and_the_store_remembers(env, tiny_model_dir):
+    docs = write_corpus(env / "docs")
+    elsewhere = env / "shared-kv"
+    url = elsewhere.resolve().as_uri()  # file:///...
+    out = cli_json(
+        runner.invoke(
+            app,
+            [
+                "ingest",
+                str(docs),
+                "--model",
+                tiny_model_dir,
+                "--chunk-tokens",
+                "64",
+                "--store-url",
+                url,
+                "--json",
+            ],
+        )
+    )
+    assert out["new_chunks"] > 0
+    assert len(list((elsewhere / "kv").glob("*/*.safetensors"))) == out["chunks"]
+    assert not (env / "home" / "store" / "kv").exists()  # nothing in the store's own folder
+    ask = cli_json(
+        runner.invoke(app, ["ask", "Who rings the bell at the harbour?", "--mode", "turbo", "--json"])
+    )
+    assert ask["cached_tokens"] > 0  # read from the URL's folder, which the store recorded
+    stats = cli_json(runner.invoke(app, ["cache", "stats", "--json"]))
+    assert stats["cache_files"] == stats["cache_entries"] > 0 and stats["missing_caches"] == 0
+    again = runner.invoke(app, ["ingest", str(docs), "--store-url", (env / "other").as_uri()])
+    assert (
+        again.exit_code == 2 and again.stderr.startswith("error: ") and "keeps its caches in" in again.stderr
+    )
+
+
+def test_bad_store_urls_are_one_line(env, tiny_model_dir):
+    docs = write_corpus(env / "docs")
+    for url, words in [("ftp://host/x", "unknown store URL"), ("file://otherhost/x", "local path")]:
+        r = runner.invoke(
+            app,
+            [
+                "ingest",
+                str(docs),
+                "--model",
+                tiny_model_dir,
+                "--store",
+                str(env / url[:3]),
+                "--store-url",
+                url,
+            ],
+        )
+        assert r.exit_code == 2 and r.stderr.startswith("error: ") and words in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "text,value",
+    [("0", 0), ("4096", 4096), ("64k", 65536), ("512M", 512 << 20), ("2G", 2 << 30), ("1.5GiB", 3 << 29)],
+)
+def test_sizes(text, value):
+    assert parse_bytes(text) == value
+
+
+@pytest.mark.parametrize("text", ["", "lots", "-1G", "2X"])
+def test_bad_sizes(text):
+    with pytest.raises(ValueError):
+        parse_bytes(text)
+
+
+def test_serve_refuses_a_bad_ram_size(env):
+    r = runner.invoke(app, ["serve", "--ram-cache-bytes", "lots"])
+    assert r.exit_code == 2 and r.stderr.startswith("error: --ram-cache-bytes: not a size")
