@@ -84,3 +84,32 @@ def test_bad_sizes(text):
 def test_serve_refuses_a_bad_ram_size(env):
     r = runner.invoke(app, ["serve", "--ram-cache-bytes", "lots"])
     assert r.exit_code == 2 and r.stderr.startswith("error: --ram-cache-bytes: not a size")
+
+
+def test_a_capped_store_stays_under_its_cap_and_still_answers_right(env, tiny_model_dir):
+    docs = write_corpus(env / "docs")
+    ingest = ["ingest", str(docs), "--model", tiny_model_dir, "--chunk-tokens", "64", "--json"]
+    full = cli_json(runner.invoke(app, [*ingest, "--store", str(env / "full")]))
+    cap = full["cache_bytes"] // 3
+    capped = cli_json(
+        runner.invoke(app, [*ingest, "--store", str(env / "capped"), "--max-disk-bytes", str(cap)])
+    )
+    assert capped["chunks"] == full["chunks"]
+    stats = cli_json(runner.invoke(app, ["cache", "stats", "--store", str(env / "capped"), "--json"]))
+    assert stats["disk_bytes"] <= cap and stats["disk_tier"]["evictions"] > 0
+    assert stats["missing_caches"] > 0 and stats["disk_tier"]["max_bytes"] == cap
+    question = [
+        "ask",
+        "Who rings the bell at the harbour?",
+        "--mode",
+        "turbo",
+        "--json",
+        "--max-new-tokens",
+        "6",
+    ]
+    want = cli_json(runner.invoke(app, [*question, "--store", str(env / "full")]))
+    for _ in range(2):  # evicted chunks are recomputed, stored again, and the cap still holds
+        got = cli_json(runner.invoke(app, [*question, "--store", str(env / "capped")]))
+        assert got["answer"] == want["answer"] and got["chunks"] == want["chunks"]
+        after = cli_json(runner.invoke(app, ["cache", "stats", "--store", str(env / "capped"), "--json"]))
+        assert after["disk_bytes"] <= cap

@@ -28,6 +28,8 @@ _STATS_LABELS = {
     "cache_bytes": "cache bytes (files present)",
     "disk_bytes": "bytes of all cache files",
     "orphan_files": "orphan cache files (gc removes)",
+    "backend": "cache backend",
+    "disk_tier": "disk tier (--max-disk-bytes)",
 }
 _STATS_CAPTION = (
     "chunk text tokens: every chunk's text alone, without the \"Passage: \" wrapping that ingest's token "
@@ -66,9 +68,17 @@ def cache_stats(store: Path = StoreOpt, as_json: bool = JsonOpt) -> None:
         store_dtype=meta.get("store_dtype"),
         disk_bytes=sum(sizes.values()),
         orphan_files=sum(1 for key in sizes if key not in known),
+        backend=kv.backend.url,
+        disk_tier=kv.backend.stats() if hasattr(kv.backend, "stats") else None,
     )
     missing = stats["missing_caches"]
-    if missing:
+    if missing and stats["disk_tier"] and stats["disk_tier"]["evictions"]:
+        typer.echo(
+            f"{plural(missing, 'chunk cache')} evicted by the disk cap ({stats['disk_tier']['max_bytes']:,} "
+            "bytes): recomputed and stored again when a question needs them",
+            err=True,
+        )
+    elif missing:
         one = missing == 1
         typer.echo(
             f"{plural(missing, 'chunk cache')} {'is' if one else 'are'} missing: `turborag ingest` on the "
@@ -80,7 +90,10 @@ def cache_stats(store: Path = StoreOpt, as_json: bool = JsonOpt) -> None:
         return
     table = Table(title=f"store {catalog.root}", caption=_STATS_CAPTION, show_header=False)
     for k, v in stats.items():
-        if k != "store":
+        if k == "disk_tier" and v:
+            used, cap = f"{v['bytes']:,}", f"{v['max_bytes']:,}"
+            v = f"{used} of {cap} bytes, {v['entries']:,} caches, {v['evictions']:,} evicted"
+        if k != "store" and v is not None:
             label = _STATS_LABELS.get(k, k.replace("_", " "))
             table.add_row(label, f"{v:,}" if isinstance(v, int) else str(v))
     stdout().print(table)

@@ -22,6 +22,7 @@ from turborag.cli.common import (
     StoreUrlOpt,
     console,
     fail,
+    parse_bytes,
     plural,
 )
 from turborag.cli.loading import default_store, load_engine, open_catalog, store_kv
@@ -87,6 +88,12 @@ def ingest(
     ),
     prune: bool = typer.Option(False, "--prune", help="also drop documents whose files are gone"),
     store_url: str = StoreUrlOpt,
+    max_disk_bytes: str = typer.Option(
+        None,
+        "--max-disk-bytes",
+        help="cap the store's cache files (e.g. 20G; least recently used evicted, recomputed when asked "
+        "for again); recorded in the store, 0 removes the cap",
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
     """Add files to the store: chunk, precompute KV caches, embed. Unchanged files cost nothing; a killed run
@@ -100,6 +107,10 @@ def ingest(
     for p in paths:
         if not p.expanduser().exists():
             fail(f"no such file or folder: {p}")
+    try:
+        cap = parse_bytes(max_disk_bytes) if max_disk_bytes is not None else None
+    except ValueError as e:
+        fail(f"--max-disk-bytes: {e}")
     if not is_store((store or default_store()).expanduser()):
         # A new store and no file it could read: say so before creating anything or loading the model.
         report = LoadReport()
@@ -124,6 +135,7 @@ def ingest(
             ingest=True,
             dtype=dtype,
             kv_url=store_url,
+            max_disk_bytes=cap,
             chunk_tokens=size,
             chunk_overlap=ovl,
         )

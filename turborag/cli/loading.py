@@ -75,6 +75,7 @@ def load_engine(
     dtype: str | None = None,
     kv_url: str | None = None,
     ram_cache_bytes: int = 0,
+    max_disk_bytes: int | None = None,
     **settings,
 ):
     """The engine for this store; with `ingest`, binds a new store to the model (and settings).
@@ -116,7 +117,7 @@ def load_engine(
             catalog.check_settings(dtype=dtype_name(compute))
         with console.status(f"loading {spec}"):
             lm = load_model(spec, device, compute)
-        kv = KVStore(_kv_backend(catalog, kv_url, bind=ingest), store_dtype)
+        kv = KVStore(_kv_backend(catalog, kv_url, bind=ingest, max_disk_bytes=max_disk_bytes), store_dtype)
         engine = Engine(lm, kv, template or meta.get("template") or "auto", ram_cache_bytes=ram_cache_bytes)
         bound = dict(
             template=engine.layout.template,
@@ -141,19 +142,25 @@ def store_kv(catalog: Catalog):
     return KVStore(_kv_backend(catalog), catalog.meta().get("store_dtype", "float16"))
 
 
-def _kv_backend(catalog: Catalog, kv_url: str | None = None, bind: bool = False):
+def _kv_backend(
+    catalog: Catalog, kv_url: str | None = None, bind: bool = False, max_disk_bytes: int | None = None
+):
     """Where this store's chunk caches live: the catalog records a `--store-url` given when the store was
     first ingested into (a store without one keeps them in its own folder, `kv/`). A different URL for a
-    store bound to one is refused; an unreachable store is one `error:` line."""
+    store bound to one is refused; an unreachable store is one `error:` line. The disk cap
+    (`--max-disk-bytes`) is recorded too, so every process that opens the store keeps to the same cap."""
     from turborag.store.backends import open_backend
     from turborag.store.errors import StoreUnavailable
 
+    if bind and max_disk_bytes is not None:
+        catalog.set_meta(max_disk_bytes=str(max_disk_bytes))
+    cap = int(catalog.meta().get("max_disk_bytes", 0)) or None
     recorded = catalog.meta().get("kv_url")
     if kv_url and recorded != kv_url and (recorded or "model_fingerprint" in catalog.meta()):
         where = recorded or f"its own folder ({catalog.root / 'kv'})"
         fail(f"store {catalog.root} keeps its caches in {where}, not {kv_url}: use another --store for that")
     try:
-        backend = open_backend(recorded or kv_url or catalog.root)
+        backend = open_backend(recorded or kv_url or catalog.root, max_disk_bytes=cap)
     except (StoreUnavailable, ValueError, ImportError) as e:
         fail(str(e))
     if bind and kv_url and not recorded:

@@ -33,6 +33,12 @@ class Metrics:
         self.prefix_hits = Gauge(
             "turborag_prefix_cache_tokens", "prompt tokens served by prompt caching", registry=r
         )
+        self.ram_tier = Gauge(
+            "turborag_ram_tier",
+            "RAM tier of chunk caches: bytes, entries, hits, misses, evictions",
+            ["stat"],
+            registry=r,
+        )
 
     def count_request(self, path: str, status: int) -> None:
         """One request, labelled by path; document ids fold into one label so that the number of series
@@ -54,4 +60,6 @@ class Metrics:
         self.store_hits.set(engine.store.hits)
         self.store_misses.set(engine.store.misses)
         self.prefix_hits.set(engine.prefix_cache.hits)
+        for stat, value in vars(engine.ram.stats).items():
+            self.ram_tier.labels(stat).set(value)
         return generate_latest(self.registry).decode()

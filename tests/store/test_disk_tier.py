@@ -1,0 +1,82 @@
+"""The bounded disk tier: the cap always holds (also with concurrent writers), LRU by last use, a persistent
+usage index rebuilt from the files when lost, and a capped store that still answers right."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+from turborag.store.disk_tier import BoundedFileBackend
+
+
+def _key(i: int) -> str:
+    return f"{i:064x}"
+
+
+def _on_disk(root) -> int:
+    return sum(f.stat().st_size for f in (root / "kv").glob("*/*.safetensors"))
+
+
+def test_the_cap_holds_and_the_least_recently_used_go_first(tmp_path):
+    disk = BoundedFileBackend(tmp_path, max_bytes=5000)
+    for i in range(4):
+        disk.put(_key(i), bytes(1000))
+    assert disk.get(_key(0)) is not None  # 0 is now the most recently used
+    for i in range(4, 12):
+        disk.put(_key(i), bytes(1000))
+        assert disk.used_bytes() <= 5000 and _on_disk(tmp_path) <= 5000
+    assert _key(0) not in disk  # eventually old enough to go too
+    assert _key(11) in disk and _key(7) in disk and _key(1) not in disk
+    assert disk.stats()["evictions"] == 7 and disk.stats()["entries"] == 5
+
+
+def test_recently_read_survives(tmp_path):
+    disk = BoundedFileBackend(tmp_path, max_bytes=3000)
+    for i in range(3):
+        disk.put(_key(i), bytes(1000))
+    disk.get_many([_key(0)])
+    disk.put(_key(3), bytes(1000))
+    assert _key(0) in disk and _key(1) not in disk
+
+
+def test_one_blob_larger_than_the_cap_is_kept_alone(tmp_path):
+    disk = BoundedFileBackend(tmp_path, max_bytes=1500)
+    disk.put(_key(0), bytes(1000))
+    disk.put(_key(1), bytes(4000))
+    assert _key(1) in disk and _key(0) not in disk and disk.used_bytes() == 4000
+
+
+def test_the_index_survives_restarts_and_is_rebuilt_when_lost_or_damaged(tmp_path):
+    disk = BoundedFileBackend(tmp_path, max_bytes=3000)
+    for i in range(5):
+        disk.put(_key(i), bytes(1000))
+    again = BoundedFileBackend(tmp_path, max_bytes=3000)
+    assert again.stats() == disk.stats() and again.stats()["evictions"] == 2
+    for name in ("usage.sqlite", "usage.sqlite-wal", "usage.sqlite-shm"):
+        (tmp_path / "kv" / name).unlink(missing_ok=True)
+    rebuilt = BoundedFileBackend(tmp_path, max_bytes=3000)
+    assert rebuilt.stats()["entries"] == 3 and rebuilt.used_bytes() == 3000
+    (tmp_path / "kv" / "usage.sqlite").write_bytes(b"not a database at all" * 100)
+    damaged = BoundedFileBackend(tmp_path, max_bytes=3000)
+    assert damaged.stats()["entries"] == 3
+    damaged.put(_key(9), bytes(1000))
+    assert _on_disk(tmp_path) <= 3000
+
+
+def _writer(root, start: int) -> None:
+    disk = BoundedFileBackend(root, max_bytes=8000)
+    for i in range(start, start + 40):
+        disk.put(_key(i), bytes(700))
+
+
+def test_concurrent_writers_keep_to_one_cap(tmp_path):
+    BoundedFileBackend(tmp_path, max_bytes=8000)
+    ctx = mp.get_context("fork")
+    procs = [ctx.Process(target=_writer, args=(tmp_path, s)) for s in (0, 1000)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    disk = BoundedFileBackend(tmp_path, max_bytes=8000)
+    assert _on_disk(tmp_path) <= 8000 and disk.used_bytes() == _on_disk(tmp_path)
+    assert disk.stats()["entries"] == len(list(disk.keys()))
