@@ -167,9 +167,12 @@ def test_cache_stats_verify_gc_remove(ingested, env):
         "damaged": 1,
         "formats": {"1": 0, "2": len(kv) - 2},
     }
-    assert "run `turborag ingest`" in r.stderr and not kv[0].exists()  # damaged file removed, never used
+    assert "--repair" in r.stderr and not kv[0].exists()  # damaged file removed, never used
     assert _json(runner.invoke(app, ["cache", "gc", "--json"]))["files_removed"] == 1 and not orphan.exists()
-    assert _json(runner.invoke(app, ["ingest", str(docs), "--json"]))["new_chunks"] == 0  # repairs both
+    repaired = _json(runner.invoke(app, ["cache", "verify", "--repair", "--json"]))
+    assert repaired["repaired"] == 2 and repaired["missing"] == 2 and repaired["damaged"] == 0
+    assert kv[0].exists() and kv[1].exists()
+    assert _json(runner.invoke(app, ["ingest", str(docs), "--json"]))["new_chunks"] == 0
     assert _json(runner.invoke(app, ["cache", "verify", "--json"])) == {
         "ok": len(kv),
         "missing": 0,

@@ -52,7 +52,7 @@ def run_demo(
 ) -> list[dict]:
     from turborag.rag.chunker import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP, Chunker
     from turborag.rag.embed import EMBEDDER, Embedder
-    from turborag.rag.ingest import Ingestor
+    from turborag.rag.ingest import Ingestor, check_keys
     from turborag.rag.retrieve import Retriever, fit_passages
     from turborag.store.catalog import Catalog, StoreError
 
@@ -65,15 +65,19 @@ def run_demo(
         chunk_tokens=DEFAULT_CHUNK_TOKENS,
         chunk_overlap=DEFAULT_OVERLAP,
     )
+    catalog = None
     try:
         catalog = Catalog(engine.store.root, create=True)
         catalog.bind(engine.lm.name, engine.lm.fingerprint, **settings)
+        check_keys(catalog, engine)
     except StoreError as e:
+        if catalog is not None:
+            catalog.close()
         if not remake_stale:
             console.print(f"error: {e}")
             raise SystemExit(2) from e
         # Our own scratch store, made by an earlier demo with another model or dtype: make it anew.
-        console.print("the demo store was made with another model or dtype; making it anew")
+        console.print("the demo store was made with another model, dtype or turborag version; making it anew")
         shutil.rmtree(engine.store.root)
         catalog = Catalog(engine.store.root, create=True)
         catalog.bind(engine.lm.name, engine.lm.fingerprint, **settings)

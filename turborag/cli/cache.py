@@ -106,6 +106,9 @@ def cache_verify(
     migrate: bool = typer.Option(
         False, "--migrate", help="rewrite every readable format-1 cache as format 2 (same keys, atomic)"
     ),
+    repair: bool = typer.Option(
+        False, "--repair", help="recompute the missing and damaged caches (loads the store's model)"
+    ),
 ) -> None:
     """Read every cache file and check its checksums. Damaged files are removed (never used); exit 1 if any
     cache is missing or damaged. `turborag ingest` on the same paths recomputes them (so does `ask`).
@@ -147,6 +150,9 @@ def cache_verify(
     out = {"ok": ok, "missing": len(missing), "damaged": len(damaged), "formats": formats}
     if migrate:
         out["migrated"] = migrated
+    repaired = 0
+    if repair and (missing or damaged):
+        repaired = out["repaired"] = _repair(catalog, missing + damaged)
     if as_json:
         typer.echo(json.dumps(out))
     else:
@@ -154,7 +160,9 @@ def cache_verify(
         bad = f"{len(damaged)} damaged and removed" if damaged else "0 damaged"
         typer.echo(
             f"{plural(ok, 'chunk cache')} ok (format 2: {formats['2']}, format 1: {formats['1']}), "
-            f"{len(missing)} missing, {bad}" + (f", {migrated} migrated to format 2" if migrate else ""),
+            f"{len(missing)} missing, {bad}"
+            + (f", {migrated} migrated to format 2" if migrate else "")
+            + (f", {repaired} recomputed" if repaired else ""),
             err=True,
         )
     if formats["1"] and not migrate:
@@ -165,13 +173,33 @@ def cache_verify(
             err=True,
         )
     if missing or damaged:
-        n = len(missing) + len(damaged)
+        n = len(missing) + len(damaged) - repaired
+        if n == 0:
+            return
         fail(
-            f"{plural(n, 'chunk cache')} {'needs' if n == 1 else 'need'} recomputing: run `turborag ingest` "
-            f"on the same paths with --store {catalog.root} (or let `ask` recompute "
-            f"{'it' if n == 1 else 'them'} when needed)",
+            f"{plural(n, 'chunk cache')} {'needs' if n == 1 else 'need'} recomputing: run `turborag cache "
+            f"verify --repair --store {catalog.root}` (or let `ask` recompute {'it' if n == 1 else 'them'} "
+            "when needed)",
             code=1,
         )
+
+
+def _repair(catalog, keys: list[str]) -> int:
+    """Recompute the caches of `keys` from their chunks' text (e.g. after a Redis store restarted empty)."""
+    from turborag.cli.loading import load_engine
+    from turborag.store.catalog import StoreError
+    from turborag.store.errors import StoreUnavailable
+
+    engine = load_engine(catalog, None, "cpu", None)  # the store's model; refuses a store of another version
+    texts = catalog.texts_of_keys(keys)
+    try:
+        with catalog.write_lock():
+            engine.precompute(list(texts.values()))
+            for key in texts:
+                catalog.set_cache_bytes(key, engine.store.size(key) or 0)
+    except (StoreError, StoreUnavailable) as e:
+        fail(str(e))
+    return sum(1 for key in texts if key in engine.store)
 
 
 @app.command("gc")

@@ -96,6 +96,7 @@ def load_engine(
         resolve_dtype,
     )
     from turborag.rag.embed import EMBEDDER
+    from turborag.rag.ingest import check_keys
     from turborag.store.catalog import StoreError
     from turborag.store.kv_store import KVStore
 
@@ -130,6 +131,7 @@ def load_engine(
             catalog.bind(spec, lm.fingerprint, **bound)
         else:
             catalog.check(spec, lm.fingerprint, **bound)
+        check_keys(catalog, engine)
         return engine
     except (ModelError, StoreError, ValueError) as e:
         fail(str(e))

@@ -16,6 +16,7 @@ and that time *is* included (and reported as `computed_chunks`).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -29,8 +30,11 @@ from turborag.core.model import LoadedModel, layer_inv_freq, layer_windows
 from turborag.core.prefix_cache import PrefixCache
 from turborag.core.prompt import Prompt, PromptLayout
 from turborag.store.chunk_kv import ChunkKV
+from turborag.store.errors import StoreUnavailable
 from turborag.store.kv_store import KVStore, Layers, cache_key
 from turborag.store.ram_tier import RamTier
+
+log = logging.getLogger(__name__)
 
 _POSITIONS = {
     "turbo": "reordered",
@@ -137,18 +141,35 @@ class Engine:
         self, todo: dict[str, list[int]], on_batch=None, keep: bool = False
     ) -> dict[str, ChunkKV]:
         """Compute and store caches; with `keep`, also return them (in the store's dtype, exactly as they
-        would be read back), otherwise nothing is held in memory beyond one group."""
+        would be read back), otherwise nothing is held in memory beyond one group.
+
+        With `keep` (a request computing what it did not find) a store that cannot be reached only costs the
+        write: the answer still uses the caches. Without it (ingest) the error is the caller's to report.
+        Chunks computed here are also kept in the RAM tier (write-through), ready in the compute dtype."""
         keys = list(todo)
         out = {}
+        unreachable = False
         for s in range(0, len(keys), self.batch_size * 8):  # store as we go: a crash loses little
             part = keys[s : s + self.batch_size * 8]
             caches = kv.precompute_chunks(
                 self.lm.model, self.prefix_kv, [todo[k] for k in part], self.batch_size, self.pad_id, on_batch
             )
             for k, c in zip(part, caches):
-                self.store.put(k, c)
-                if keep:
-                    out[k] = self.store.as_stored(c)
+                try:
+                    if not unreachable:
+                        self.store.put(k, c)
+                except StoreUnavailable as e:
+                    if not keep:
+                        raise
+                    log.warning("%s; this answer uses the caches it computed without storing them", e)
+                    unreachable = True
+                if keep or self.ram.max_bytes:
+                    stored = self.store.as_stored(c)
+                    if keep:
+                        out[k] = stored
+                    if self.ram.max_bytes:
+                        ready = stored.to(self.lm.device, self.lm.dtype)
+                        self.ram.put(k, {i: (ready.k[i], ready.v[i]) for i in range(ready.k.shape[0])})
         return out
 
     # -- answering -----------------------------------------------------------------------------------

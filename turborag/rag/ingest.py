@@ -39,7 +39,7 @@ from turborag.core.engine import Engine
 from turborag.rag import loaders
 from turborag.rag.chunker import Chunk, Chunker
 from turborag.rag.embed import DIM, Embedder, VectorIndex
-from turborag.store.catalog import Catalog, NewChunk
+from turborag.store.catalog import Catalog, NewChunk, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -313,6 +313,18 @@ def _roots(paths: Sequence[str | Path]) -> list[str]:
 def _under(path: str, roots: list[str]) -> bool:
     """Whether `path` is one of `roots` or lies in a folder among them."""
     return any(path == r or path.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
+
+
+def check_keys(catalog: Catalog, engine: Engine) -> None:
+    """StoreError unless `engine` computes the cache keys this store was built with. The model fingerprint
+    and settings are checked when a store is opened, but a key also depends on the instruction prompt and the
+    key format, which a new turborag version may change: one chunk's key, recomputed, tells."""
+    sample = catalog.sample_chunk()
+    if sample is not None and engine.key(engine.layout.chunk_ids(sample[0])) != sample[1]:
+        raise StoreError(
+            f"store {catalog.root} was built by another version of turborag (its cache keys, which depend on "
+            "the prompt, differ from this one's): ingest the documents again into a new --store"
+        )
 
 
 def free_caches(catalog: Catalog, kv) -> int:

@@ -16,6 +16,7 @@ from turborag.core.engine import Engine, PromptTooLong
 from turborag.serve.errors import APIError
 from turborag.serve.metrics import Metrics
 from turborag.serve.worker import Job, ModelWorker, QueueFull
+from turborag.store.errors import StoreUnavailable
 
 
 @dataclass
@@ -93,6 +94,9 @@ class ServerState:
             first = await items.__anext__()
         except PromptTooLong as e:
             raise APIError(400, str(e), code="context_length_exceeded") from None
+        except StoreUnavailable as e:  # e.g. an upload while the shared store is down: retry later
+            retry = {"Retry-After": "5"}
+            raise APIError(503, str(e), "server_error", "store_unavailable", headers=retry) from None
         except ValueError as e:
             raise APIError(400, str(e)) from None
         except StopAsyncIteration:

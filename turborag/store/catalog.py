@@ -403,6 +403,17 @@ class Catalog:
             db.executemany("DELETE FROM cache_entries WHERE key = ?", [(k,) for k in keys])
         return keys
 
+    def sample_chunk(self) -> tuple[str, str] | None:
+        """(text, cache key) of one chunk, or None for an empty store: enough to check that an engine
+        computes the keys this store was built with."""
+        return self.db.execute("SELECT text, cache_key FROM chunks ORDER BY id LIMIT 1").fetchone()
+
+    def texts_of_keys(self, keys: list[str]) -> dict[str, str]:
+        """key -> the text of a chunk that uses it (for recomputing missing caches)."""
+        q = "SELECT text FROM chunks WHERE cache_key = ? LIMIT 1"
+        rows = ((k, self.db.execute(q, (k,)).fetchone()) for k in keys)
+        return {k: row[0] for k, row in rows if row}
+
     def cache_entries(self) -> list[tuple[str, int]]:
         return list(self.db.execute("SELECT key, bytes FROM cache_entries ORDER BY key"))
 

@@ -27,6 +27,7 @@ from turborag.store import codec
 from turborag.store.backends import Backend, FileBackend
 from turborag.store.chunk_kv import ChunkKV
 from turborag.store.codec import FILE_FORMAT, Layers
+from turborag.store.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,7 @@ class KVStore:
         self.quantized = dtype in codec.QUANT
         self.hits = 0
         self.misses = 0
+        self.unavailable = 0  # reads that found the backend unreachable
 
     @property
     def root(self) -> Path:
@@ -116,8 +118,14 @@ class KVStore:
         return self._decode(key, self.backend.get(key), layers)
 
     def get_many_layers(self, wanted: dict[str, list[int] | None]) -> dict[str, Layers | None]:
-        """`get_layers` for many keys at once: one round trip to a remote backend (pipelined)."""
-        found = self.backend.get_many(list(wanted))
+        """`get_layers` for many keys at once: one round trip to a remote backend (pipelined). A backend
+        that cannot be reached is a miss for every key (logged): the caller recomputes, nobody hangs."""
+        try:
+            found = self.backend.get_many(list(wanted))
+        except StoreUnavailable as e:
+            log.warning("%s; computing the %d chunk caches of this request instead", e, len(wanted))
+            self.unavailable += 1
+            found = {}
         return {key: self._decode(key, found.get(key), layers) for key, layers in wanted.items()}
 
     def _decode(self, key: str, buf, layers: list[int] | None) -> Layers | None:
