@@ -113,3 +113,28 @@ def test_a_capped_store_stays_under_its_cap_and_still_answers_right(env, tiny_mo
         assert got["answer"] == want["answer"] and got["chunks"] == want["chunks"]
         after = cli_json(runner.invoke(app, ["cache", "stats", "--store", str(env / "capped"), "--json"]))
         assert after["disk_bytes"] <= cap
+
+
+def test_a_compressed_store_takes_about_half_the_bytes_and_answers(env, tiny_model_dir):
+    docs = write_corpus(env / "docs")
+    ingest = ["ingest", str(docs), "--model", tiny_model_dir, "--chunk-tokens", "64", "--json"]
+    plain = cli_json(runner.invoke(app, [*ingest, "--store", str(env / "plain")]))
+    small = cli_json(runner.invoke(app, [*ingest, "--store", str(env / "int8"), "--cache-format", "int8"]))
+    assert small["chunks"] == plain["chunks"] and small["cache_bytes"] < 0.6 * plain["cache_bytes"]
+    stats = cli_json(runner.invoke(app, ["cache", "stats", "--store", str(env / "int8"), "--json"]))
+    assert stats["store_dtype"] == "int8" and stats["missing_caches"] == 0
+    question = [
+        "ask",
+        "Who rings the bell at the harbour?",
+        "--mode",
+        "turbo",
+        "--json",
+        "--max-new-tokens",
+        "4",
+    ]
+    out = cli_json(runner.invoke(app, [*question, "--store", str(env / "int8")]))
+    assert out["cached_tokens"] > 0 and out["chunks"][0].split("#")[0].endswith("harbour.md")
+    again = runner.invoke(app, ["ingest", str(docs), "--store", str(env / "int8"), "--cache-format", "fp8"])
+    assert again.exit_code == 2 and "keeps its caches as int8, not fp8" in again.stderr
+    bad = runner.invoke(app, [*ingest, "--store", str(env / "x"), "--cache-format", "int4"])
+    assert bad.exit_code == 2 and bad.stderr.startswith("error: unknown --cache-format 'int4'")

@@ -93,6 +93,59 @@ def bench_ttft_cmd(
     )
 
 
+@app.command("store")
+def bench_store_cmd(
+    formats: str = typer.Option(
+        None, help="comma-separated cache formats (default: the 16-bit compute dtype, int8, fp8)"
+    ),
+    redis: str = typer.Option(None, "--redis", help="also a Redis server: redis://host:port/db"),
+    cluster: str = typer.Option(None, "--cluster", help="also a Redis Cluster: redis+cluster://host:port"),
+    context_tokens: int = typer.Option(8192, min=64),
+    repeats: int = typer.Option(5, min=1, help="measurements per tier and format (median reported)"),
+    model: str = ModelOpt,
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Turbo TTFT at one context size from the RAM tier, local files, Redis and Redis Cluster, per cache
+    format, with bytes per token: one run, measured in rotation."""
+    from turborag.bench.store import bench_store, rows_as_dicts
+    from turborag.store.errors import StoreUnavailable
+
+    engine = engine_for(model, device, None, "auto", dtype)
+    fmts = [f.strip() for f in formats.split(",")] if formats else [engine.store.dtype, "int8", "fp8"]
+    root = turborag_home() / "bench-store-tiers"
+    try:
+        rows = bench_store(
+            engine,
+            root,
+            fmts,
+            redis,
+            cluster,
+            context_tokens,
+            repeats,
+            log=lambda m: None if as_json else console.print(m),
+        )
+    except (StoreUnavailable, ValueError) as e:
+        fail(str(e))
+    info = {
+        "model": model,
+        "dtype": str(engine.lm.dtype).removeprefix("torch."),
+        "context_tokens": context_tokens,
+    }
+    if as_json:
+        typer.echo(json.dumps({**info, "repeats": repeats, "rows": rows_as_dicts(rows)}))
+        return
+    table = Table(
+        title=f"turbo TTFT by tier and format, {context_tokens} context tokens, median of {repeats}"
+    )
+    for col in ("tier", "format", "TTFT (s)", "bytes/token"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(r.tier, r.format, f"{r.ttft_s:.3f}", f"{r.bytes_per_token:,.0f}")
+    stdout().print(table)
+
+
 @app.command("precompute")
 def bench_precompute_cmd(
     batch_sizes: str = typer.Option("1,2,4,8", help="comma-separated batch sizes"),

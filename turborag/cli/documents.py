@@ -71,6 +71,18 @@ class RichProgress:
             self.bar = None
 
 
+def _format(name: str | None) -> str | None:
+    """`--cache-format`, with the short names fp16/bf16 accepted."""
+    if name is None:
+        return None
+    aliases = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+    name = aliases.get(name, name)
+    choices = ("float16", "bfloat16", "float32", "int8", "fp8")
+    if name not in choices:
+        fail(f"unknown --cache-format {name!r}: use one of {', '.join(choices)}")
+    return name
+
+
 def ingest(
     paths: list[Path] = typer.Argument(
         ..., help="files or folders (.txt .md .html .pdf .jsonl; folders recursively)"
@@ -93,6 +105,12 @@ def ingest(
         "--max-disk-bytes",
         help="cap the store's cache files (e.g. 20G; least recently used evicted, recomputed when asked "
         "for again); recorded in the store, 0 removes the cap",
+    ),
+    cache_format: str = typer.Option(
+        None,
+        "--cache-format",
+        help="how a new store keeps its caches: the compute dtype (default: bfloat16 on bf16 hardware, "
+        "else float16), int8 or fp8 (about half the bytes; docs/BENCHMARKS.md has their accuracy)",
     ),
     as_json: bool = JsonOpt,
 ) -> None:
@@ -136,6 +154,7 @@ def ingest(
             dtype=dtype,
             kv_url=store_url,
             max_disk_bytes=cap,
+            cache_format=_format(cache_format),
             chunk_tokens=size,
             chunk_overlap=ovl,
         )

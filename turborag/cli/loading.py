@@ -76,6 +76,7 @@ def load_engine(
     kv_url: str | None = None,
     ram_cache_bytes: int = 0,
     max_disk_bytes: int | None = None,
+    cache_format: str | None = None,
     **settings,
 ):
     """The engine for this store; with `ingest`, binds a new store to the model (and settings).
@@ -113,7 +114,12 @@ def load_engine(
         elif dtype is None and bound_before:
             dtype = dtype_name(legacy_dtype(dev))
         compute = resolve_dtype(dtype, dev)
-        store_dtype = meta.get("store_dtype") or cache_dtype_for(compute)
+        store_dtype = meta.get("store_dtype") or cache_format or cache_dtype_for(compute)
+        if cache_format and cache_format != store_dtype:
+            fail(
+                f"store {catalog.root} keeps its caches as {store_dtype}, not {cache_format}: "
+                "use another --store"
+            )
         if bound_before:  # before loading: a different dtype also changes the fingerprint, so say which
             catalog.check_settings(dtype=dtype_name(compute))
         with console.status(f"loading {spec}"):
