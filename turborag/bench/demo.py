@@ -91,7 +91,7 @@ def run_demo(
         + (" (all unchanged)" if not res.computed_chunks else "")
     )
     retriever = Retriever(catalog, embedder)
-    params = SamplingParams(max_new_tokens=24, stop_at_newline=True)
+    params = SamplingParams(max_new_tokens=48, stop_at_newline=True)  # room for a one-sentence answer
     engine.answer("warm up", ["warm up"], "full", SamplingParams(max_new_tokens=1))
     table = Table(title=f"turborag demo: {engine.lm.name} on {engine.lm.device}, top-{top_k} passages")
     for col in ("question", "passages", "full answer", "turbo answer", "full TTFT", "turbo TTFT", "speedup"):
