@@ -38,7 +38,7 @@ def evaluate(adapter: Path, mode: str, data: Path, limit: int | None, max_new_to
     if limit:
         cmd += ["--limit", str(limit)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])["results"][mode]
+    return json.loads(out.strip().splitlines()[-1])["modes"][mode]
 
 
 def plot(results: dict, runs: list[tuple[Path, str]], data: Path, out: Path) -> None:
