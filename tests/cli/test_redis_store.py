@@ -90,8 +90,8 @@ def test_redis_gone_then_back_empty(env, tiny_model_dir, tmp_path):
 def test_redis_gone_mid_request_is_a_miss_not_a_failure(gemma_lm, tmp_path):
     require_redis()
     from turborag.core.engine import Engine
-    from turborag.store.backends import open_backend
     from turborag.store.kv_store import KVStore
+    from turborag.store.urls import open_backend
 
     server = RedisServer(tmp_path / "redis").start()
     try:

@@ -24,10 +24,10 @@ from redis_servers import (  # noqa: F401 (fixtures)
 )
 
 from turborag.store import codec, redis_backend
-from turborag.store.backends import open_backend
 from turborag.store.chunk_kv import ChunkKV
 from turborag.store.errors import StoreUnavailable
 from turborag.store.kv_store import KVStore, cache_key
+from turborag.store.urls import open_backend
 
 try:
     import redis.connection

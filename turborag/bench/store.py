@@ -17,9 +17,9 @@ from pathlib import Path
 from turborag.bench.engine import QUESTION, doc_chunks
 from turborag.core.engine import Engine
 from turborag.core.generate import SamplingParams
-from turborag.store.backends import open_backend
 from turborag.store.kv_store import KVStore, cache_key
 from turborag.store.ram_tier import RamTier
+from turborag.store.urls import open_backend
 
 
 @dataclass

@@ -157,8 +157,8 @@ def _kv_backend(
     first ingested into (a store without one keeps them in its own folder, `kv/`). A different URL for a
     store bound to one is refused; an unreachable store is one `error:` line. The disk cap
     (`--max-disk-bytes`) is recorded too, so every process that opens the store keeps to the same cap."""
-    from turborag.store.backends import open_backend
     from turborag.store.errors import StoreUnavailable
+    from turborag.store.urls import open_backend
 
     if bind and max_disk_bytes is not None:
         catalog.set_meta(max_disk_bytes=str(max_disk_bytes))
