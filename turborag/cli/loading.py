@@ -30,10 +30,13 @@ def engine_for(
 ):
     """An engine over a cache store that is not bound to a catalog (default: $TURBORAG_HOME/eval-store).
     Caches are kept in the compute dtype when it is 16-bit, else in fp16 (`cache_dtype` overrides)."""
+    import transformers
+
     from turborag.core.engine import Engine
     from turborag.core.model import ModelError, cache_dtype_for, load_model
     from turborag.store.kv_store import KVStore
 
+    transformers.utils.logging.disable_progress_bar()  # "Loading weights" bars under our own status line
     try:
         with console.status(f"loading {model}"):
             lm = load_model(model, device, dtype)
