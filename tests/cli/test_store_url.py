@@ -10,6 +10,7 @@ from turborag.cli import app
 from turborag.cli.common import parse_bytes
 
 runner = CliRunner()
+ASK = ["ask", "Who rings the bell at the harbour?", "--mode", "turbo", "--json"]
 
 
 def test_caches_live_where_the_url_says_and_the_store_remembers(env, tiny_model_dir):
@@ -98,15 +99,7 @@ def test_a_capped_store_stays_under_its_cap_and_still_answers_right(env, tiny_mo
     stats = cli_json(runner.invoke(app, ["cache", "stats", "--store", str(env / "capped"), "--json"]))
     assert stats["disk_bytes"] <= cap and stats["disk_tier"]["evictions"] > 0
     assert stats["missing_caches"] > 0 and stats["disk_tier"]["max_bytes"] == cap
-    question = [
-        "ask",
-        "Who rings the bell at the harbour?",
-        "--mode",
-        "turbo",
-        "--json",
-        "--max-new-tokens",
-        "6",
-    ]
+    question = [*ASK, "--max-new-tokens", "6"]
     want = cli_json(runner.invoke(app, [*question, "--store", str(env / "full")]))
     for _ in range(2):  # evicted chunks are recomputed, stored again, and the cap still holds
         got = cli_json(runner.invoke(app, [*question, "--store", str(env / "capped")]))
@@ -123,15 +116,7 @@ def test_a_compressed_store_takes_about_half_the_bytes_and_answers(env, tiny_mod
     assert small["chunks"] == plain["chunks"] and small["cache_bytes"] < 0.6 * plain["cache_bytes"]
     stats = cli_json(runner.invoke(app, ["cache", "stats", "--store", str(env / "int8"), "--json"]))
     assert stats["store_dtype"] == "int8" and stats["missing_caches"] == 0
-    question = [
-        "ask",
-        "Who rings the bell at the harbour?",
-        "--mode",
-        "turbo",
-        "--json",
-        "--max-new-tokens",
-        "4",
-    ]
+    question = [*ASK, "--max-new-tokens", "4"]
     out = cli_json(runner.invoke(app, [*question, "--store", str(env / "int8")]))
     assert out["cached_tokens"] > 0 and out["chunks"][0].split("#")[0].endswith("harbour.md")
     again = runner.invoke(app, ["ingest", str(docs), "--store", str(env / "int8"), "--cache-format", "fp8"])
