@@ -126,3 +126,21 @@ def test_eval_mode_at_model_runs_other_models_in_one_table(tiny_model_dir, env):
     assert set(out["modes"]) == {"full", f"turbo@{other}"}
     r = runner.invoke(app, ["eval", str(data), "--modes", "full,warp@x"])
     assert r.exit_code == 2 and "unknown mode warp@x" in r.stderr
+
+
+def test_eval_cache_format_stores_quantized_caches(env, tiny_model_dir):
+    """`eval --cache-format int8` measures the compressed format: its store holds about half the bytes."""
+    data = env / "d.jsonl"
+    write_jsonl(generate(2, 2, seed=5), data)
+
+    def store_bytes(fmt: str) -> int:
+        store = env / f"store-{fmt}"
+        args = ["eval", str(data), "--model", tiny_model_dir, "--modes", "turbo", "--json"]
+        r = runner.invoke(app, [*args, "--max-new-tokens", "2", "--store", str(store), "--cache-format", fmt])
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout.strip().splitlines()[-1])["modes"]["turbo"]["n"] == 2
+        return sum(f.stat().st_size for f in store.rglob("*") if f.is_file())
+
+    assert store_bytes("int8") < 0.7 * store_bytes("fp16")
+    bad = runner.invoke(app, ["eval", str(data), "--cache-format", "int4"])
+    assert bad.exit_code == 2 and bad.stderr.startswith("error: unknown --cache-format 'int4'")

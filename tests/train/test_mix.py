@@ -45,10 +45,10 @@ def test_deterministic_for_a_seed():
 def test_shares(mix):
     assert len(mix) == N
     assert Counter(_part(r) for r in mix) == {
-        ("synth", True): 450,
-        ("stdlib", True): 450,
-        ("synth", False): 50,
-        ("stdlib", False): 50,
+        ("synth", True): 425,
+        ("stdlib", True): 425,
+        ("synth", False): 75,
+        ("stdlib", False): 75,
     }
     # shuffled, not in blocks
     assert len({_part(r) for r in mix[:50]}) >= 3
@@ -65,15 +65,33 @@ def test_passage_counts_weight_long_contexts(mix):
         assert sum(k >= 8 for k in ks) / len(ks) > 0.4
 
 
-def test_records_share_one_shape_and_targets_are_sentences(mix):
+def test_records_share_one_shape_and_targets(mix):
+    """Real text answers in sentences; synthetic facts with the value (default) or the fact sentence."""
     for r in mix:
         assert {"question", "answers", "contexts", "answer_index", "answerable", "source", "kind"} <= set(r)
         if r["answerable"]:
-            assert len(r["answers"][0].split()) >= 4, r["answers"]
             gold = r["contexts"][r["answer_index"]]
             assert all(span in gold for span in r["answers"][1:] or r["answers"])
+            if r["source"].startswith("stdlib:"):
+                assert len(r["answers"][0].split()) >= 4, r["answers"]
+            else:
+                assert r["answers"][0] in gold
         else:
             assert r["answers"] == [ABSTAIN] and r["answer_index"] is None
+    synth_targets = [r["answers"][0] for r in mix if r["answerable"] and r["source"].startswith("synth:")]
+    assert sum(len(t.split()) <= 3 for t in synth_targets) / len(synth_targets) > 0.9
+    sentences = build_mix(60, seed=1, synth_answers="sentence")
+    targets = [r["answers"][0] for r in sentences if r["answerable"] and r["source"].startswith("synth:")]
+    assert targets and all(len(t.split()) >= 4 for t in targets)
+
+
+def test_shares_and_answers_are_checked():
+    assert sum(not r["answerable"] for r in build_mix(40, seed=0, unanswerable=0.5)) == 20
+    assert all(r["answerable"] for r in build_mix(40, seed=0, unanswerable=0.0))
+    with pytest.raises(ValueError, match="share"):
+        build_mix(10, unanswerable=1.5)
+    with pytest.raises(ValueError, match="synth_answers"):
+        build_mix(10, synth_answers="word")
 
 
 def test_no_held_out_data_in_training(mix):
@@ -179,7 +197,7 @@ def test_mix_command(env):
     )
     assert r.exit_code == 0, r.output
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert len(rows) == 20 and sum(not row["answerable"] for row in rows) == 2
+    assert len(rows) == 20 and sum(not row["answerable"] for row in rows) == 3  # 15%
     for name in ("realtext-eval.jsonl", "unanswerable-eval.jsonl"):
         assert len((held / name).read_text().splitlines()) == 150
 
@@ -190,3 +208,6 @@ def test_mix_command_rejects_bad_input_in_one_line(env):
     r = runner.invoke(app, ["data", "mix", "--out", str(env / "m.jsonl"), "--eval-dir", str(not_a_dir)])
     assert r.exit_code == 2
     assert r.stderr.strip().splitlines() == [f"error: --eval-dir {not_a_dir} is not a directory"]
+    r = runner.invoke(app, ["data", "mix", "--out", str(env / "m.jsonl"), "--synth-answers", "word"])
+    assert r.exit_code == 2
+    assert r.stderr.strip().splitlines() == ["error: --synth-answers must be value or sentence, got 'word'"]

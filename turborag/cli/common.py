@@ -96,3 +96,15 @@ def plural(n: int, word: str, plural_word: str | None = None) -> str:
     plural(3, "chunk cache") == "3 chunk caches". The count messages people read go through here, so
     "1 documents" cannot slip back in; `plural_word` is for nouns that do not just take an "s" ("entries")."""
     return f"{n} {word if n == 1 else plural_word or word + 's'}"
+
+
+def parse_cache_format(name: str | None) -> str | None:
+    """`--cache-format`, with the short names fp16/bf16 accepted."""
+    if name is None:
+        return None
+    aliases = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+    name = aliases.get(name, name)
+    choices = ("float16", "bfloat16", "float32", "int8", "fp8")
+    if name not in choices:
+        fail(f"unknown --cache-format {name!r}: use one of {', '.join(choices)}")
+    return name

@@ -88,15 +88,23 @@ def mix_cmd(
         help="also write the held-out sets here: realtext-eval.jsonl and unanswerable-eval.jsonl "
         "(150 questions, 5 passages each)",
     ),
+    unanswerable: float = typer.Option(
+        0.15, min=0.0, max=1.0, help="share of questions no passage answers (target: the abstention)"
+    ),
+    synth_answers: str = typer.Option(
+        "value", help="target of a synthetic question: the bare value, or the whole fact sentence"
+    ),
 ) -> None:
-    """The cache-aware fine-tune's training mix: 45% hard synthetic, 45% stdlib text, 10% unanswerable,
-    60% of questions with 8-32 passages."""
+    """The cache-aware fine-tune's training mix: hard synthetic and stdlib text half each, plus a share of
+    unanswerable questions; 60% of questions with 8-32 passages."""
     if eval_dir is not None and eval_dir.exists() and not eval_dir.is_dir():
         fail(f"--eval-dir {eval_dir} is not a directory")
     from turborag.train.mix import build_eval_sets, build_mix
     from turborag.train.synth import write_jsonl
 
-    records = build_mix(n, seed)
+    if synth_answers not in ("value", "sentence"):
+        fail(f"--synth-answers must be value or sentence, got {synth_answers!r}")
+    records = build_mix(n, seed, unanswerable, synth_answers)
     write_jsonl(records, out)
     typer.echo(f"wrote {len(records)} training questions to {out}", err=True)
     if eval_dir is not None:

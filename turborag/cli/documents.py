@@ -23,6 +23,7 @@ from turborag.cli.common import (
     console,
     fail,
     parse_bytes,
+    parse_cache_format,
     plural,
 )
 from turborag.cli.loading import default_store, load_engine, open_catalog, store_kv
@@ -69,18 +70,6 @@ class RichProgress:
         if self.bar is not None:
             self.bar.stop()
             self.bar = None
-
-
-def _format(name: str | None) -> str | None:
-    """`--cache-format`, with the short names fp16/bf16 accepted."""
-    if name is None:
-        return None
-    aliases = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
-    name = aliases.get(name, name)
-    choices = ("float16", "bfloat16", "float32", "int8", "fp8")
-    if name not in choices:
-        fail(f"unknown --cache-format {name!r}: use one of {', '.join(choices)}")
-    return name
 
 
 def ingest(
@@ -154,7 +143,7 @@ def ingest(
             dtype=dtype,
             kv_url=store_url,
             max_disk_bytes=cap,
-            cache_format=_format(cache_format),
+            cache_format=parse_cache_format(cache_format),
             chunk_tokens=size,
             chunk_overlap=ovl,
         )

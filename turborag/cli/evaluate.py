@@ -13,7 +13,15 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from turborag.cli.common import DeviceOpt, DtypeOpt, ModelOpt, TemplateOpt, fail, stdout
+from turborag.cli.common import (
+    DeviceOpt,
+    DtypeOpt,
+    ModelOpt,
+    TemplateOpt,
+    fail,
+    parse_cache_format,
+    stdout,
+)
 from turborag.cli.loading import engine_for
 from turborag.core.defaults import MODES
 
@@ -51,6 +59,11 @@ def eval_cmd(
     template: str = TemplateOpt,
     dtype: str = DtypeOpt,
     store: Path = typer.Option(None, help="cache store (default: $TURBORAG_HOME/eval-store)"),
+    cache_format: str = typer.Option(
+        None,
+        "--cache-format",
+        help="format of the chunk caches: fp16, bf16, int8 or fp8 (default: the 16-bit compute dtype)",
+    ),
     max_new_tokens: int = typer.Option(32, min=1),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     predictions: Path = typer.Option(None, help="also write every answer to this JSONL file"),
@@ -59,6 +72,7 @@ def eval_cmd(
     from turborag.eval.evaluate import load_examples, run_eval
 
     mode_list = parse_modes(modes)
+    cache_dtype = parse_cache_format(cache_format)
     if not data.is_file():
         fail(f"no such file: {data}")
     examples, problems = load_examples(data, limit)
@@ -69,7 +83,7 @@ def eval_cmd(
     preds: list[dict] = []
     results = {}
     for spec, group in group_by_model(mode_list, model).items():  # one model in memory at a time
-        engine = engine_for(spec, device, store, template, dtype)
+        engine = engine_for(spec, device, store, template, dtype, cache_dtype)
         got = run_eval(engine, examples, group, max_new_tokens, progress=not as_json, predictions=preds)
         results.update({(m if spec == model else f"{m}@{spec}"): r for m, r in got.items()})
         del engine

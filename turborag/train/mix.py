@@ -8,12 +8,19 @@ its own kind of question but left three gaps, each closed here by a part of the 
   40% uniform in 1..7 (`passage_count`);
 - look-alikes: the typical turbo error is a value read from a near-identical passage, so the synthetic part
   is synth.py's `hard` variant (near-namesake entities, same template, other values);
-- real text and natural answers: 45% of the mix reads the standard library's documentation (realtext.py,
-  train split) and every answerable target is a sentence, so the model stops answering in one word;
-- abstention: 10% of the questions have no answering passage (half synthetic, half real text) and the target
-  "The passages do not say.", so the model learns not to take a look-alike's value.
+- real text and natural answers: the standard library's documentation (realtext.py, train split) with a
+  sentence as every target, so the model stops answering in one word;
+- abstention: by default 15% of the questions have no answering passage (half synthetic, half real text)
+  and the target "The passages do not say.", so the model learns not to take a look-alike's value.
 
-Shares: 45% synthetic (all domains but the held-out film and astronomy), 45% real text, 10% unanswerable.
+Synthetic targets are the bare value by default (`synth_answers="value"`).  The first long run trained on
+the fact sentence instead (`"sentence"`): on held-out domains that model often answered with another
+sentence of the right passage (the film's reviews instead of its city), because a sentence target does not
+say which part of the passage the question asks for.  Real-text targets stay sentences, so answers to
+real questions keep their natural length.
+
+Shares: the answerable rest is split evenly between synthetic (all domains but the held-out film and
+astronomy) and real text.
 The held-out sets (`build_eval_sets`) use only what training never sees: the eval-split stdlib modules and
 the held-out synthetic domains.  Everything is deterministic for a seed.
 """
@@ -28,9 +35,8 @@ from turborag.train.synth import DOMAINS, generate
 HELD_OUT_DOMAINS: tuple[str, ...] = ("film", "astronomy")
 TRAIN_DOMAINS: tuple[str, ...] = tuple(d for d in DOMAINS if d not in HELD_OUT_DOMAINS)
 
-SYNTH_SHARE = 0.45
-REALTEXT_SHARE = 0.45
-UNANSWERABLE_SHARE = 0.10  # half synthetic, half real text
+UNANSWERABLE_SHARE = 0.15  # half synthetic, half real text; the answerable rest is half each
+SYNTH_ANSWERS = ("value", "sentence")
 LONG_SHARE = 0.6
 LONG_CONTEXTS = (8, 32)
 SHORT_CONTEXTS = (1, 7)
@@ -47,10 +53,11 @@ def _synth(record: dict) -> dict:
     return {**record, "source": f"synth:{record['domain']}", "kind": "fact"}
 
 
-def _one(part: str, contexts: int, seed: int) -> dict:
+def _one(part: str, contexts: int, seed: int, synth_answers: str) -> dict:
     """One record of a part of the mix, from its own seed (so each record can be rebuilt alone)."""
     if part == "synth":
-        return _synth(generate(1, contexts, seed, TRAIN_DOMAINS, hard=True, sentence_answers=True)[0])
+        sentences = synth_answers == "sentence"
+        return _synth(generate(1, contexts, seed, TRAIN_DOMAINS, hard=True, sentence_answers=sentences)[0])
     if part == "synth-unanswerable":
         return _synth(generate(1, contexts, seed, TRAIN_DOMAINS, hard=True, unanswerable=1.0)[0])
     if part == "realtext":
@@ -58,17 +65,28 @@ def _one(part: str, contexts: int, seed: int) -> dict:
     return generate_realtext(1, contexts, seed, split="train", unanswerable=1.0)[0]
 
 
-def build_mix(n: int, seed: int = 0) -> list[dict]:
-    """n training records in a random order: 45% hard synthetic with sentence answers (training domains),
-    45% stdlib real text (train split), 10% unanswerable (half each), passage counts from `passage_count`.
+def build_mix(
+    n: int,
+    seed: int = 0,
+    unanswerable: float = UNANSWERABLE_SHARE,
+    synth_answers: str = "value",
+) -> list[dict]:
+    """n training records in a random order: a share `unanswerable` without an answering passage (half
+    synthetic, half real text), the rest half hard synthetic (training domains; targets the value, or the
+    fact sentence with synth_answers="sentence") and half stdlib real text (train split, sentence targets);
+    passage counts from `passage_count`.
 
     The shares are exact counts (rounded); every record has question, answers (target first), contexts,
     answer_index (None when unanswerable), answerable, source and kind.  Building 4000 takes seconds.
     """
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
-    n_unanswerable = round(n * UNANSWERABLE_SHARE)
-    n_synth = round(n * SYNTH_SHARE)
+    if not 0.0 <= unanswerable <= 1.0:
+        raise ValueError(f"unanswerable must be a share in [0, 1], got {unanswerable}")
+    if synth_answers not in SYNTH_ANSWERS:
+        raise ValueError(f"synth_answers must be one of {', '.join(SYNTH_ANSWERS)}, got {synth_answers!r}")
+    n_unanswerable = round(n * unanswerable)
+    n_synth = (n - n_unanswerable + 1) // 2
     n_realtext = n - n_unanswerable - n_synth
     plan = (
         ["synth"] * n_synth
@@ -81,7 +99,7 @@ def build_mix(n: int, seed: int = 0) -> list[dict]:
     records = []
     for part in plan:
         contexts = passage_count(rng)
-        records.append(_one(part, contexts, rng.getrandbits(63)))
+        records.append(_one(part, contexts, rng.getrandbits(63), synth_answers))
     return records
 
 
