@@ -75,7 +75,9 @@ class Shape:
 
 
 def turborag_field(extra: dict, a: Answer) -> dict:
-    return {**extra, "mode": a.mode, "ttft_s": a.ttft_s}
+    """The response's `turborag` object: the chunks used, the mode, TTFT, and how many chunk caches could
+    not be read (evicted, or the store unreachable) and were computed inside the request."""
+    return {**extra, "mode": a.mode, "ttft_s": a.ttft_s, "computed_chunks": a.computed_chunks}
 
 
 async def respond(
