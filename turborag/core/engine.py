@@ -25,7 +25,7 @@ import torch
 
 from turborag.core import hf_compat, kv, recompute
 from turborag.core.defaults import MODES, UNTUNED_MODE
-from turborag.core.generate import SamplingParams, TextStream, decode, eos_ids
+from turborag.core.generate import DecodeState, SamplingParams, eos_ids
 from turborag.core.model import LoadedModel, layer_inv_freq, layer_windows
 from turborag.core.prefix_cache import PrefixCache
 from turborag.core.prompt import Prompt, PromptLayout
@@ -211,6 +211,17 @@ class Engine:
     ) -> Iterator[str | Answer]:
         """Yield text deltas as they are decoded, then the final Answer (its `mode` is the one used: `auto`
         resolved). `params` default to `qa_params()`."""
+        yield from self.run(self.begin(question, passages, mode, params))
+
+    def begin(
+        self,
+        question: str,
+        passages: Sequence[str],
+        mode: str = "auto",
+        params: SamplingParams | None = None,
+    ) -> DecodeState:
+        """Everything up to the first token: the prompt built, the context prefilled (full) or assembled from
+        chunk caches with only the question prefilled (turbo modes). Returns the sequence to decode."""
         mode = self.resolve_mode(mode)
         params = params or self.qa_params()
         t0 = time.perf_counter()
@@ -223,13 +234,16 @@ class Engine:
             cache, logits, next_pos, cached, computed = self._prefill_turbo(
                 prompt, mode, reserve + len(prompt.suffix)
             )
-
-        yield from self._decode(cache, logits, next_pos, params, t0, mode, len(prompt.ids), cached, computed)
+        return self._sequence(cache, logits, next_pos, params, t0, mode, len(prompt.ids), cached, computed)
 
     def complete_stream(
         self, prompt_ids: list[int], params: SamplingParams | None = None
     ) -> Iterator[str | Answer]:
         """A plain prompt (no retrieval), reusing the longest previously seen prefix (prefix_cache.py)."""
+        yield from self.run(self.begin_prompt(prompt_ids, params))
+
+    def begin_prompt(self, prompt_ids: list[int], params: SamplingParams | None = None) -> DecodeState:
+        """`begin` for a plain prompt: only the part after its longest cached prefix is prefilled."""
         params = params or SamplingParams()
         t0 = time.perf_counter()
         if not prompt_ids:
@@ -252,38 +266,57 @@ class Engine:
                 logits_to_keep=1,
             )
             self.prefix_cache.insert(prompt_ids, hf_compat.cache_layers(cache))
-        yield from self._decode(
-            cache, logits[0, -1], len(prompt_ids), params, t0, "prompt", len(prompt_ids), n, 0
-        )
+        n_ids = len(prompt_ids)
+        return self._sequence(cache, logits[0, -1], n_ids, params, t0, "prompt", n_ids, n, 0)
 
-    def _decode(self, cache, logits, next_pos, params, t0, mode, prompt_tokens, cached, computed):
-        """Decode on top of a filled cache: yield text deltas, then the Answer (TTFT = first token known)."""
-        stream = TextStream(self.lm.tokenizer, params)
-        ttft = None
-        for tok in decode(self.lm.model, cache, logits, next_pos, params, self.stop_ids):
-            if ttft is None:
-                ttft = time.perf_counter() - t0
-            delta = stream.push(tok)
-            if delta:
-                yield delta
-            if stream.stopped:
-                break
-        tail = stream.flush()
-        if tail:
-            yield tail
-        total = time.perf_counter() - t0
-        length_cut = len(stream.ids) >= params.max_new_tokens and not stream.stopped
-        yield Answer(
-            text=stream.text.strip(),
-            mode=mode,
-            ttft_s=ttft if ttft is not None else total,
-            total_s=total,
-            prompt_tokens=prompt_tokens,
-            cached_tokens=cached,
-            completion_tokens=len(stream.ids),
-            computed_chunks=computed,
-            token_ids=list(stream.ids),
-            finish_reason="length" if length_cut else "stop",
+    def run(self, seq: DecodeState) -> Iterator[str | Answer]:
+        """Decode one sequence alone: yield text deltas, then the Answer (TTFT = first token known)."""
+        while True:
+            yield from seq.advance()
+            if seq.finished:
+                return
+            self.step(seq)
+
+    @torch.inference_mode()
+    def step(self, seq: DecodeState) -> None:
+        """Feed one sequence's picked token through the model, on its own cache."""
+        ids = torch.tensor([[seq.token]], device=self.lm.device)  # (1, 1)
+        pos = torch.tensor([[seq.pos]], device=self.lm.device)  # (1, 1)
+        seq.fed(hf_compat.forward(self.lm.model, ids, pos, seq.cache, logits_to_keep=1)[0, -1])
+
+    def _sequence(
+        self, cache, logits, next_pos, params, t0, mode, prompt_tokens, cached, computed
+    ) -> DecodeState:
+        """The decoding state after prefill; its Answer records the mode and the prompt's token counts."""
+
+        def answer(seq: DecodeState) -> Answer:
+            total = time.perf_counter() - t0
+            stream = seq.stream
+            length_cut = len(stream.ids) >= params.max_new_tokens and not stream.stopped
+            return Answer(
+                text=stream.text.strip(),
+                mode=mode,
+                ttft_s=seq.ttft if seq.ttft is not None else total,
+                total_s=total,
+                prompt_tokens=prompt_tokens,
+                cached_tokens=cached,
+                completion_tokens=len(stream.ids),
+                computed_chunks=computed,
+                token_ids=list(stream.ids),
+                finish_reason="length" if length_cut else "stop",
+            )
+
+        return DecodeState(
+            self.lm.tokenizer,
+            self.stop_ids,
+            params,
+            cache,
+            logits,
+            next_pos,
+            t0,
+            answer,
+            prompt_tokens,
+            cached,
         )
 
     def _prefill_full(self, prompt: Prompt, reserve: int):

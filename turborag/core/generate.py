@@ -1,5 +1,9 @@
 """Decode: pick tokens one at a time on top of a filled cache, streaming text as it comes.
 
+A `DecodeState` is one request's decoding state; the forward that feeds its tokens is the caller's (one
+sequence: `Engine.step`; many at once: `core/batch.py`), so the same picking, stopping and streaming serve
+both.
+
 Greedy by default; temperature / top-p / top-k sampling with an optional seed. Stops on any EOS id, on a
 stop string (trimmed from the output), on a newline when `stop_at_newline` (short-answer QA), or after
 `max_new_tokens`.
@@ -7,12 +11,11 @@ stop string (trimmed from the output), on a newline when `stop_at_newline` (shor
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-
-from turborag.core import hf_compat
 
 
 @dataclass
@@ -133,27 +136,76 @@ class TextStream:
         return delta
 
 
-@torch.inference_mode()
-def decode(
-    model: torch.nn.Module,
-    cache: hf_compat.DynamicCache,
-    logits: torch.Tensor,  # (vocab,) logits of the last prompt token
-    next_pos: int,  # position of the first generated token
-    params: SamplingParams,
-    stop_ids: set[int],
-) -> Iterator[int]:
-    """Yield generated token ids (EOS excluded) until a stop condition; the caller handles stop strings."""
-    dev = logits.device
-    gen = None
-    if params.seed is not None:
-        gen = torch.Generator(device=dev).manual_seed(params.seed)
-    for step in range(params.max_new_tokens):
-        tok = pick(logits, params, gen)
-        if tok in stop_ids:
-            return
-        yield tok
-        if step + 1 == params.max_new_tokens:
-            return
-        ids = torch.tensor([[tok]], device=dev)
-        pos = torch.tensor([[next_pos + step]], device=dev)
-        logits = hf_compat.forward(model, ids, pos, cache, logits_to_keep=1)[0, -1]
+class DecodeState:
+    """One request being decoded: its cache, the logits of its last token, and what it has generated.
+
+    The decoding loop is split so that a server can decode many sequences in one forward: `advance` picks
+    the next token from `logits` and returns the text it releases (and the Answer once finished); a
+    forward of `token` at position `pos` (one sequence alone: `Engine.step`; several: `DecodeBatch.step`)
+    sets the next `logits`. `answer` is called with the finished sequence and builds the Answer.
+
+    `cache` is the sequence's own cache after prefill; a DecodeBatch copies it into its buffers and drops it.
+    """
+
+    def __init__(
+        self,
+        tokenizer,
+        stop_ids: set[int],
+        params: SamplingParams,
+        cache,
+        logits: torch.Tensor,  # (vocab,) logits of the last prompt token
+        next_pos: int,  # position of the first generated token
+        t0: float,  # when the request started (TTFT is measured from here)
+        answer: Callable[[DecodeState], object],
+        prompt_tokens: int = 0,
+        cached_tokens: int = 0,
+    ):
+        self.params = params
+        self.stop_ids = stop_ids
+        self.cache = cache
+        self.logits = logits
+        self.pos = next_pos
+        self.t0 = t0
+        self.prompt_tokens = prompt_tokens
+        self.cached_tokens = cached_tokens
+        self.stream = TextStream(tokenizer, params)
+        self.generator = None
+        if params.seed is not None:
+            self.generator = torch.Generator(device=logits.device).manual_seed(params.seed)
+        self.token: int | None = None  # the token to feed next (None until picked, or once finished)
+        self.ttft: float | None = None
+        self.finished = False
+        self._answer = answer
+
+    @property
+    def remaining(self) -> int:
+        """Tokens this sequence may still feed to the model (cache room a batch must keep for it)."""
+        return self.params.max_new_tokens - len(self.stream.ids)
+
+    def advance(self) -> list:
+        """Pick the next token: the text deltas it releases, then the Answer if the sequence has ended (EOS,
+        a stop string, or max_new_tokens). Otherwise `token` is set, to be fed at `pos`."""
+        tok = pick(self.logits, self.params, self.generator)
+        if self.ttft is None:
+            self.ttft = time.perf_counter() - self.t0
+        out: list = []
+        self.token = None
+        if tok not in self.stop_ids:
+            delta = self.stream.push(tok)
+            if delta:
+                out.append(delta)
+            if not self.stream.stopped and len(self.stream.ids) < self.params.max_new_tokens:
+                self.token = tok
+                return out
+        self.finished = True
+        self.cache = None
+        tail = self.stream.flush()
+        if tail:
+            out.append(tail)
+        out.append(self._answer(self))
+        return out
+
+    def fed(self, logits: torch.Tensor) -> None:
+        """`token` went through the model at `pos`; `logits` (vocab,) are its output."""
+        self.logits = logits
+        self.pos += 1

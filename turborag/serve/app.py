@@ -29,15 +29,22 @@ from starlette.exceptions import HTTPException
 from turborag.serve import documents_routes, monitoring_routes, openai_routes
 from turborag.serve.errors import APIError, api_error_handler, guard, http_error_handler
 from turborag.serve.schemas import MAX_BODY_BYTES
-from turborag.serve.state import Backend, ServerState
+from turborag.serve.state import DEFAULT_MAX_BATCH, Backend, ServerState
+from turborag.serve.worker import DEFAULT_PREFILL_BUDGET
 
 
 def create_app(
-    backend: Backend, api_key: str | None = None, max_queue: int = 64, max_body_bytes: int = MAX_BODY_BYTES
+    backend: Backend,
+    api_key: str | None = None,
+    max_queue: int = 64,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    prefill_budget: int = DEFAULT_PREFILL_BUDGET,
 ) -> FastAPI:
-    """An app serving `backend`; it starts its own model worker thread."""
+    """An app serving `backend`; it starts its own model worker thread, which decodes up to `max_batch`
+    requests together and prefills at most about `prefill_budget` tokens between two decode steps."""
     app = FastAPI(title="turborag", docs_url=None, redoc_url=None)
-    state = ServerState(backend, api_key, max_queue, max_body_bytes)
+    state = ServerState(backend, api_key, max_queue, max_body_bytes, max_batch, prefill_budget)
     app.state.server = state
     # the same objects under their own names, for tests and benchmarks that watch (or patch) the worker
     app.state.worker, app.state.metrics, app.state.backend = state.worker, state.metrics, backend

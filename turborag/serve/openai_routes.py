@@ -36,7 +36,7 @@ async def chat(request: Request, state: StateDep):
     engine = state.engine
     params = req.params(state.backend.default_max_tokens)
     ids = render_chat(engine, req.messages)
-    started = await state.start(lambda: engine.complete_stream(ids, params))
+    started = await state.start(begin=lambda: engine.begin_prompt(ids, params))
     return await respond(state, started, "chat", req, {"chunks": []})
 
 
@@ -51,7 +51,7 @@ async def answer_from_passages(state: ServerState, req: ChatRequest, question: s
         raise APIError(400, "turborag.contexts must hold non-empty passages", param="turborag.contexts")
     chunk_ids: list[str] = []
 
-    def run():
+    def begin():
         passages = contexts
         if opts.contexts is None:
             from turborag.rag.retrieve import fit_passages  # a server without a store never loads it
@@ -60,9 +60,9 @@ async def answer_from_passages(state: ServerState, req: ChatRequest, question: s
             hits, _dropped = fit_passages(engine, question, hits, params.max_new_tokens)
             passages = [h.text for h in hits]
             chunk_ids.extend(h.chunk_id for h in hits)
-        yield from engine.stream(question, passages, opts.mode, params)
+        return engine.begin(question, passages, opts.mode, params)
 
-    started = await state.start(run)
+    started = await state.start(begin=begin)
     return await respond(state, started, "chat", req, {"chunks": chunk_ids})  # filled before the 1st token
 
 
@@ -75,7 +75,7 @@ async def completions(request: Request, state: StateDep):
     engine = state.engine
     params = req.params(state.backend.default_max_tokens)
     ids = _bos(engine) + list(engine.lm.tokenizer(req.prompt, add_special_tokens=False)["input_ids"])
-    started = await state.start(lambda: engine.complete_stream(ids, params))
+    started = await state.start(begin=lambda: engine.begin_prompt(ids, params))
     return await respond(state, started, "text", req, {})
 
 

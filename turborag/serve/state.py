@@ -6,17 +6,22 @@ instead of closing over locals of `create_app`, so each route lives in the modul
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
+from turborag.core.batch import DecodeBatch
 from turborag.core.engine import Engine, PromptTooLong
+from turborag.core.generate import DecodeState
 from turborag.serve.errors import APIError
 from turborag.serve.metrics import Metrics
-from turborag.serve.worker import Job, ModelWorker, QueueFull
+from turborag.serve.worker import DEFAULT_PREFILL_BUDGET, Job, ModelWorker, QueueFull, step_alone
 from turborag.store.errors import StoreUnavailable
+
+DEFAULT_MAX_BATCH = 8  # running requests decoded together
 
 
 @dataclass
@@ -48,8 +53,22 @@ class Started:
 
 
 class ServerState:
-    def __init__(self, backend: Backend, api_key: str | None, max_queue: int, max_body_bytes: int):
-        self.worker = ModelWorker(max_queue)
+    def __init__(
+        self,
+        backend: Backend,
+        api_key: str | None,
+        max_queue: int,
+        max_body_bytes: int,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        prefill_budget: int = DEFAULT_PREFILL_BUDGET,
+    ):
+        engine = backend.engine
+        if max_batch > 1:
+            batch = DecodeBatch(engine.lm.model, engine.windows)
+            step, on_idle = batch.step, batch.clear
+        else:  # one request at a time: exactly the single-request decode
+            step, on_idle = functools.partial(step_alone, step_one=engine.step), None
+        self.worker = ModelWorker(max_queue, step, max_batch, prefill_budget, on_idle)
         self.metrics = Metrics()
         self.backend = backend
         self.engine = backend.engine
@@ -76,10 +95,13 @@ class ServerState:
     def update_queue_depth(self) -> None:
         self.metrics.queue_depth.set(self.worker.depth)
 
-    async def start(self, run: Callable[[], Iterator]) -> Started:
-        """Queue a job; await its first item so that request errors become HTTP errors, not broken streams."""
+    async def start(
+        self, run: Callable[[], Iterator] | None = None, begin: Callable[[], DecodeState] | None = None
+    ) -> Started:
+        """Queue a plain job (`run`) or a generation (`begin`, decoded in the batch); await its first item so
+        that request errors become HTTP errors, not broken streams."""
         try:
-            job = self.worker.submit(run)
+            job = self.worker.submit(run, begin)
         except QueueFull:
             raise APIError(
                 503,

@@ -1,10 +1,23 @@
-"""One thread owns the model; HTTP requests wait for it in a bounded queue.
+"""One thread owns the model and schedules every request on it: continuous batching of decode steps.
 
-The event loop never runs model code: a request submits a job (a generator factory), and the worker thread
-runs it, handing each item back to the request's asyncio queue. A full queue is refused at once (the server
-answers 503 + Retry-After) rather than letting latency grow without bound. A job whose client went away is
-cancelled: the worker checks between items (tokens) and closes the generator, so no compute is wasted on
-a disconnected stream.
+The event loop never runs model code: a request submits a job and awaits its items (text deltas, then the
+Answer) from an asyncio queue. A full queue is refused at once (the server answers 503 + Retry-After) rather
+than letting latency grow without bound.
+
+A generation job brings `begin`: everything up to the first token (retrieval, cache assembly or full
+prefill, the question's prefill), returning the sequence to decode. The worker loop, one iteration at a
+time (Orca's iteration-level scheduling):
+
+1. admit: take queued jobs while fewer than `max_batch` sequences run; each is begun exactly as a request
+   alone would be (so its TTFT and its first token are unchanged) and picks its first token at once.
+   Admission stops for this iteration once the tokens prefilled in it reach `prefill_budget`, so a burst
+   of long prompts cannot stall the running decodes for more than about one budget's worth of prefill
+   (plus one request: a prompt longer than the budget is prefilled whole, alone in its iteration);
+2. decode: one batched forward feeds every running sequence its next token (`step`);
+3. retire: finished sequences hand out their Answer; cancelled ones (client gone) are dropped.
+
+A plain job (`run`: an iterator, e.g. a document upload) runs alone, to completion, when admitted; the
+running decodes wait for it.
 """
 
 from __future__ import annotations
@@ -12,10 +25,14 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from turborag.core.generate import DecodeState
+
 _DONE = object()
+DEFAULT_PREFILL_BUDGET = 2048  # tokens prefilled per iteration before running decodes get their step
 
 
 class QueueFull(Exception):
@@ -24,8 +41,9 @@ class QueueFull(Exception):
 
 @dataclass
 class Job:
-    run: Callable[[], Iterator]
+    run: Callable[[], Iterator] | None  # a plain job: run alone, its items handed out as they come
     loop: asyncio.AbstractEventLoop
+    begin: Callable[[], DecodeState] | None = None  # a generation: prefill, then decoded in the batch
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -46,49 +64,144 @@ class Job:
         self.cancelled.set()
 
 
+def step_alone(rows: list[DecodeState], step_one: Callable[[DecodeState], None]) -> None:
+    """A decode step without batching: one forward per sequence."""
+    for r in rows:
+        step_one(r)
+
+
 class ModelWorker:
-    def __init__(self, max_queue: int = 64):
+    """The model's thread. `step(rows)` feeds each running sequence its next token (a DecodeBatch's
+    step, or one forward per sequence); without one, generations cannot be submitted."""
+
+    def __init__(
+        self,
+        max_queue: int = 64,
+        step: Callable[[list[DecodeState]], None] | None = None,
+        max_batch: int = 1,
+        prefill_budget: int = DEFAULT_PREFILL_BUDGET,
+        on_idle: Callable[[], None] | None = None,
+    ):
+        if max_batch < 1 or prefill_budget < 1:
+            raise ValueError("max_batch and prefill_budget must be at least 1")
         self.jobs: queue.Queue[Job] = queue.Queue(maxsize=max_queue)
-        self.running = 0  # jobs being executed now (0 or 1)
+        self.step = step
+        self.max_batch = max_batch
+        self.prefill_budget = prefill_budget
+        self.on_idle = on_idle  # called when the last running sequence retires (free the batch buffers)
+        self.running = 0  # sequences being decoded (a plain job running alone counts as one)
         self.completed = 0
         self.cancelled = 0
+        self.generated = 0  # tokens decoded, all requests
+        self.tokens_per_s = 0.0  # decode throughput of the last iteration with running sequences
         self._thread = threading.Thread(target=self._loop, name="turborag-model", daemon=True)
         self._thread.start()
 
     @property
     def depth(self) -> int:
-        """Jobs waiting plus the one running."""
+        """Jobs waiting plus the ones running."""
         return self.jobs.qsize() + self.running
 
-    def submit(self, run: Callable[[], Iterator]) -> Job:
-        job = Job(run, asyncio.get_running_loop())
+    def submit(
+        self, run: Callable[[], Iterator] | None = None, begin: Callable[[], DecodeState] | None = None
+    ) -> Job:
+        """Queue a plain job (`run`) or a generation (`begin`); raises QueueFull when the queue is."""
+        if (run is None) == (begin is None):
+            raise ValueError("submit exactly one of run and begin")
+        if begin is not None and self.step is None:
+            raise ValueError("this worker has no decode step: submit generations as plain jobs")
+        job = Job(run, asyncio.get_running_loop(), begin)
         try:
             self.jobs.put_nowait(job)
         except queue.Full:
             raise QueueFull from None
         return job
 
+    # -- the loop ----------------------------------------------------------------------------------------
+
     def _loop(self) -> None:
+        running: list[tuple[Job, DecodeState]] = []
         while True:
-            job = self.jobs.get()
+            self._admit(running)
+            running[:] = [(job, seq) for job, seq in running if not self._dropped(job)]
+            self.running = len(running)
+            if not running:
+                if self.on_idle is not None:
+                    self.on_idle()
+                continue
+            t0 = time.perf_counter()
+            try:
+                self.step([seq for _, seq in running])
+            except BaseException as e:  # every running request gets the error; the worker lives on
+                for job, _ in running:
+                    self._finish(job, e)
+                running.clear()
+                continue
+            self.generated += len(running)
+            self.tokens_per_s = len(running) / max(time.perf_counter() - t0, 1e-9)
+            running[:] = [(job, seq) for job, seq in running if not self._hand_out(job, seq)]
+            self.running = len(running)
+
+    def _admit(self, running: list[tuple[Job, DecodeState]]) -> None:
+        """Begin queued jobs while there is room (waiting for one only when nothing runs)."""
+        prefilled = 0
+        while len(running) < self.max_batch and prefilled < self.prefill_budget:
+            try:
+                job = self.jobs.get(block=not running)
+            except queue.Empty:
+                return
             if job.cancelled.is_set():
                 self.cancelled += 1
                 job._put(_DONE)
                 continue
-            self.running = 1
-            gen = None
+            if job.begin is None:
+                self.running = len(running) + 1
+                self._run_alone(job)
+                continue
             try:
-                gen = job.run()
-                for item in gen:
-                    if job.cancelled.is_set():
-                        self.cancelled += 1
-                        break
-                    job._put(item)
+                seq = job.begin()
             except BaseException as e:  # handed to the request, which turns it into an HTTP error
-                job._put(e)
-            finally:
-                if gen is not None and hasattr(gen, "close"):
-                    gen.close()
-                self.running = 0
-                self.completed += 1
-                job._put(_DONE)
+                self._finish(job, e)
+                continue
+            prefilled += max(1, seq.prompt_tokens - seq.cached_tokens)
+            if not self._hand_out(job, seq):
+                running.append((job, seq))
+                self.running = len(running)
+
+    def _hand_out(self, job: Job, seq: DecodeState) -> bool:
+        """Pick the sequence's next token and hand out what it releases; True once it has finished."""
+        for item in seq.advance():
+            job._put(item)
+        if seq.finished:
+            self._finish(job)
+        return seq.finished
+
+    def _dropped(self, job: Job) -> bool:
+        if job.cancelled.is_set():
+            self.cancelled += 1
+            self._finish(job)
+            return True
+        return False
+
+    def _finish(self, job: Job, error: BaseException | None = None) -> None:
+        if error is not None:
+            job._put(error)
+        self.completed += 1
+        job._put(_DONE)
+
+    def _run_alone(self, job: Job) -> None:
+        gen = None
+        try:
+            gen = job.run()
+            for item in gen:
+                if job.cancelled.is_set():
+                    self.cancelled += 1
+                    break
+                job._put(item)
+        except BaseException as e:
+            job._put(e)
+        finally:
+            if gen is not None and hasattr(gen, "close"):
+                gen.close()
+            self.completed += 1
+            job._put(_DONE)
