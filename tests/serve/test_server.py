@@ -260,7 +260,7 @@ def test_32_concurrent_streams_all_answered(served):
 
 
 def test_queue_full_is_503_with_retry_after(served, monkeypatch):
-    def full(run=None, begin=None):
+    def full(_run):
         raise QueueFull
 
     monkeypatch.setattr(served.app.state.worker, "submit", full)

@@ -4,8 +4,10 @@ Both run a real server (uvicorn, in this process) on a free loopback port and ta
 official `openai` client; every loop is bounded in count and time.
 
 - load: `clients` concurrent streaming chat requests (each with `turborag.contexts`, so the same passages
-  and caches are used by all), `rounds` requests per client. Reports requests/s, TTFT p50/p99 as the
-  client sees it (request sent -> first content chunk), errors, and the queue depth afterwards.
+  and caches are used by all), `rounds` requests per client, run twice in one go: with `max_batch = 1`
+  (one request decoded at a time) and with the server's continuous batching. Reports requests/s, generated
+  tokens/s, TTFT p50/p99 as the client sees it (request sent -> first content chunk), inter-token latency
+  p50/p99 (the gaps between content chunks of one stream), errors, and the queue depth afterwards.
 - agent: a `steps`-step conversation whose system prompt has `system_tokens` tokens, sent through
   `/v1/chat/completions` with `turborag.retrieve = false` (a plain prompt). Each step appends the previous
   answer and a new user turn. Measured twice, with prompt caching on and off (a server whose prefix cache
@@ -15,12 +17,12 @@ official `openai` client; every loop is bounded in count and time.
 from __future__ import annotations
 
 import socket
-import statistics
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 from turborag.bench.engine import doc_text
+from turborag.core.defaults import DEFAULT_MAX_BATCH
 from turborag.serve import Backend, create_app
 
 
@@ -62,13 +64,19 @@ class ServedApp:
         )
 
 
-def _stream_ttft(client, **kw) -> tuple[float, int, int]:
-    """(seconds to the first content chunk, completion tokens, cached tokens) of one streamed request."""
+def _stream_ttft(client, gaps: list[float] | None = None, **kw) -> tuple[float, int, int]:
+    """(seconds to the first content chunk, completion tokens, cached tokens) of one streamed request; the
+    seconds between its consecutive content chunks are appended to `gaps` (inter-token latency)."""
     t0 = time.perf_counter()
-    first, usage = None, None
+    first, usage, last = None, None, None
     for chunk in client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw):
-        if first is None and chunk.choices and chunk.choices[0].delta.content:
-            first = time.perf_counter() - t0
+        if chunk.choices and chunk.choices[0].delta.content:
+            now = time.perf_counter()
+            if first is None:
+                first = now - t0
+            elif gaps is not None:
+                gaps.append(now - last)
+            last = now
         usage = chunk.usage or usage
     total = time.perf_counter() - t0
     return (
@@ -78,12 +86,27 @@ def _stream_ttft(client, **kw) -> tuple[float, int, int]:
     )
 
 
+def _percentile(values: list[float], q: float) -> float | None:
+    """The q-quantile (nearest rank) of values, None when there are none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 def bench_load(
-    backend: Backend, clients: int = 32, rounds: int = 2, max_tokens: int = 8, passages: int = 5
+    backend: Backend,
+    clients: int = 32,
+    rounds: int = 2,
+    max_tokens: int = 64,
+    passages: int = 5,
+    max_batch: int = DEFAULT_MAX_BATCH,
 ) -> dict:
+    """`clients` threads each stream `rounds` chat requests at a server decoding up to `max_batch` at once."""
     text = doc_text()
     contexts = [text[i * 600 : (i + 1) * 600] for i in range(passages)]
-    app = create_app(backend, max_queue=max(64, clients * 2))
+    app = create_app(backend, max_queue=max(64, clients * 2), max_batch=max_batch)
+    gaps: list[float] = []
     with ServedApp(app) as srv:
         client = srv.client()
         backend.engine.precompute(contexts)  # offline step, as ingest would do
@@ -103,6 +126,7 @@ def bench_load(
                     out.append(
                         _stream_ttft(
                             client,
+                            gaps,
                             model="turborag",
                             messages=msg,
                             max_tokens=max_tokens,
@@ -122,13 +146,17 @@ def bench_load(
         depth = app.state.worker.depth
     return {
         "clients": clients,
+        "max_batch": max_batch,
+        "max_tokens": max_tokens,
         "requests": len(results),
         "errors": len(results) - len(ok),
         "seconds": wall,
         "requests_per_s": len(ok) / wall,
         "tokens_per_s": sum(r[1] for r in ok) / wall,
-        "ttft_p50_s": statistics.median(ttfts),
-        "ttft_p99_s": ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))],
+        "ttft_p50_s": _percentile(ttfts, 0.5),
+        "ttft_p99_s": _percentile(ttfts, 0.99),
+        "itl_p50_s": _percentile(gaps, 0.5),
+        "itl_p99_s": _percentile(gaps, 0.99),
         "queue_depth_after": depth,
     }
 

@@ -21,7 +21,7 @@ from turborag.cli.common import (
     stdout,
 )
 from turborag.cli.loading import engine_for, load_engine, open_catalog
-from turborag.core.defaults import DEFAULT_MODEL, turborag_home
+from turborag.core.defaults import DEFAULT_MAX_BATCH, DEFAULT_MODEL, turborag_home
 
 app = typer.Typer(help="Benchmarks (ratios measured side by side in one run).", no_args_is_help=True)
 
@@ -180,6 +180,10 @@ def bench_precompute_cmd(
 def bench_serve_cmd(
     clients: int = typer.Option(32, min=1, max=256, help="concurrent streaming clients (load test)"),
     rounds: int = typer.Option(2, min=1, max=20, help="requests per client"),
+    max_tokens: int = typer.Option(64, min=1, max=4096, help="max_tokens of each load request"),
+    max_batch: int = typer.Option(
+        DEFAULT_MAX_BATCH, min=2, help="continuous batching width, measured against --max-batch 1"
+    ),
     steps: int = typer.Option(10, min=1, max=50, help="agent conversation steps"),
     system_tokens: int = typer.Option(1000, min=16, help="agent system prompt tokens"),
     model: str = ModelOpt,
@@ -187,37 +191,50 @@ def bench_serve_cmd(
     dtype: str = DtypeOpt,
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """HTTP server under concurrent streaming load, and prompt caching on an agent-style conversation."""
+    """HTTP server under concurrent streaming load, one request at a time vs continuous batching (one run),
+    and prompt caching on an agent-style conversation."""
     from turborag.bench.serve import bench_agent, bench_load
     from turborag.cli.serve import serve_backend
 
     backend = serve_backend(None, model, device, 8, use_store=False, dtype=dtype)
-    load = bench_load(backend, clients, rounds)
+    alone = bench_load(backend, clients, rounds, max_tokens, max_batch=1)
+    load = bench_load(backend, clients, rounds, max_tokens, max_batch=max_batch)
     agent = bench_agent(backend, steps, system_tokens)
+    ratios = {
+        name: (load[key] / alone[key] if alone[key] else None)
+        for name, key in (
+            ("requests_per_s", "requests_per_s"),
+            ("tokens_per_s", "tokens_per_s"),
+            ("ttft_p99", "ttft_p99_s"),
+        )
+    }
     if as_json:
-        typer.echo(json.dumps({"model": model, "device": device, "load": load, "agent": agent}))
+        out = {"model": model, "device": device, "load": load, "load_max_batch_1": alone, "ratios": ratios}
+        typer.echo(json.dumps({**out, "agent": agent}))
         return
     t = Table(title=f"load: {clients} concurrent streaming clients x {rounds}, {model} on {device}")
-    for col in (
-        "requests",
-        "errors",
-        "requests/s",
-        "tokens/s",
-        "TTFT p50 (s)",
-        "TTFT p99 (s)",
-        "queue after",
-    ):
+    columns = ["max batch", "requests", "errors", "requests/s", "tokens/s", "TTFT p50 (s)", "TTFT p99 (s)"]
+    for col in [*columns, "ITL p50 (s)", "ITL p99 (s)", "queue after"]:
         t.add_column(col, justify="right")
-    t.add_row(
-        str(load["requests"]),
-        str(load["errors"]),
-        f"{load['requests_per_s']:.2f}",
-        f"{load['tokens_per_s']:.1f}",
-        f"{load['ttft_p50_s']:.3f}",
-        f"{load['ttft_p99_s']:.3f}",
-        str(load["queue_depth_after"]),
-    )
+    for row in (alone, load):
+        t.add_row(
+            str(row["max_batch"]),
+            str(row["requests"]),
+            str(row["errors"]),
+            f"{row['requests_per_s']:.2f}",
+            f"{row['tokens_per_s']:.1f}",
+            f"{row['ttft_p50_s']:.3f}",
+            f"{row['ttft_p99_s']:.3f}",
+            f"{row['itl_p50_s'] or 0:.3f}",
+            f"{row['itl_p99_s'] or 0:.3f}",
+            str(row["queue_depth_after"]),
+        )
     stdout().print(t)
+    shown = {k: "-" if v is None else f"{v:.2f}x" for k, v in ratios.items()}
+    stdout().print(
+        f"batching vs one at a time: {shown['requests_per_s']} requests/s, "
+        f"{shown['tokens_per_s']} tokens/s, TTFT p99 {shown['ttft_p99']}"
+    )
     t = Table(
         title=f"agent: {steps} steps, {system_tokens}-token system prompt, TTFT with/without prompt caching"
     )

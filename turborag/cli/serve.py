@@ -11,7 +11,7 @@ import typer
 from turborag.cli.common import DeviceOpt, StoreDtypeOpt, console, fail, parse_bytes
 from turborag.cli.loading import default_store, engine_for, load_engine, open_catalog
 from turborag.cli.remote import local_url, remove_server_file, write_server_file
-from turborag.core.defaults import DEFAULT_MODEL
+from turborag.core.defaults import DEFAULT_MAX_BATCH, DEFAULT_MODEL, DEFAULT_PREFILL_BUDGET
 
 
 def serve(
@@ -34,6 +34,14 @@ def serve(
     ram_cache_bytes: str = typer.Option(
         "1G", "--ram-cache-bytes", help="RAM tier: decoded chunk caches held in memory, LRU (e.g. 2G; 0: off)"
     ),
+    max_batch: int = typer.Option(
+        DEFAULT_MAX_BATCH, min=1, help="requests decoded together (continuous batching; 1: one at a time)"
+    ),
+    prefill_budget: int = typer.Option(
+        DEFAULT_PREFILL_BUDGET,
+        min=1,
+        help="prompt tokens prefilled between two decode steps (how long new requests may stall others)",
+    ),
 ) -> None:
     """OpenAI-compatible HTTP server: /v1/chat/completions (retrieval + turbo), /v1/completions, documents."""
     import uvicorn
@@ -45,7 +53,9 @@ def serve(
     except ValueError as e:
         fail(f"--ram-cache-bytes: {e}")
     backend = serve_backend(store, model, device, max_tokens, dtype=dtype, ram_cache_bytes=ram)
-    app = create_app(backend, api_key=api_key, max_queue=max_queue)
+    app = create_app(
+        backend, api_key=api_key, max_queue=max_queue, max_batch=max_batch, prefill_budget=prefill_budget
+    )
     where = f"store {backend.documents.root}" if backend.documents else "no store (no retrieval)"
     console.print(f"serving {backend.model_name} on http://{host}:{port}/v1 with {where}")
     if notice := backend.engine.auto_notice():

@@ -22,3 +22,9 @@ DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 def turborag_home() -> Path:
     """Root for converted models and default stores: `$TURBORAG_HOME`, else ~/.cache/turborag."""
     return Path(os.environ.get("TURBORAG_HOME", Path.home() / ".cache" / "turborag"))
+
+
+# The server decodes up to this many running requests together (continuous batching, `serve --max-batch`).
+DEFAULT_MAX_BATCH = 8
+# Prompt tokens the server prefills between two decode steps (how long new requests may stall running ones).
+DEFAULT_PREFILL_BUDGET = 2048

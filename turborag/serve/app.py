@@ -26,11 +26,11 @@ from __future__ import annotations
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException
 
+from turborag.core.defaults import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_BUDGET
 from turborag.serve import documents_routes, monitoring_routes, openai_routes
 from turborag.serve.errors import APIError, api_error_handler, guard, http_error_handler
 from turborag.serve.schemas import MAX_BODY_BYTES
-from turborag.serve.state import DEFAULT_MAX_BATCH, Backend, ServerState
-from turborag.serve.worker import DEFAULT_PREFILL_BUDGET
+from turborag.serve.state import Backend, ServerState
 
 
 def create_app(

@@ -1,4 +1,5 @@
-"""Prometheus metrics of one server: requests, time to first token, tokens, queue depth, cache hits.
+"""Prometheus metrics of one server: requests, time to first token, tokens, queue depth, batch size, decode
+tokens/s, cache hits.
 
 Each app has its own registry (not prometheus_client's global one), so several apps in one process (tests,
 benchmarks) neither collide on metric names nor mix their counts.
@@ -9,6 +10,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from turborag.core.engine import Answer, Engine
+from turborag.serve.worker import ModelWorker
 
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -27,6 +29,14 @@ class Metrics:
         self.completion_tokens = Counter("turborag_completion_tokens_total", "generated tokens", registry=r)
         self.queue_depth = Gauge(
             "turborag_queue_depth", "requests waiting for or holding the model", registry=r
+        )
+        self.batch_size = Gauge(
+            "turborag_batch_size", "requests being decoded together (continuous batching)", registry=r
+        )
+        self.decode_rate = Gauge(
+            "turborag_decode_tokens_per_second",
+            "tokens decoded per second by the last batched decode step (all running requests)",
+            registry=r,
         )
         self.store_hits = Gauge("turborag_store_hits", "chunk caches read from the store", registry=r)
         self.store_misses = Gauge("turborag_store_misses", "chunk caches missing or damaged", registry=r)
@@ -53,10 +63,12 @@ class Metrics:
         self.prompt_tokens.labels("computed").inc(a.prompt_tokens - a.cached_tokens)
         self.completion_tokens.inc(a.completion_tokens)
 
-    def exposition(self, queue_depth: int, engine: Engine) -> str:
+    def exposition(self, worker: ModelWorker, engine: Engine) -> str:
         """The text a scrape returns. The gauges read counters kept by the worker and the engine's caches,
         so they are sampled now, at scrape time."""
-        self.queue_depth.set(queue_depth)
+        self.queue_depth.set(worker.depth)
+        self.batch_size.set(worker.running)
+        self.decode_rate.set(worker.tokens_per_s if worker.running else 0.0)
         self.store_hits.set(engine.store.hits)
         self.store_misses.set(engine.store.misses)
         self.prefix_hits.set(engine.prefix_cache.hits)

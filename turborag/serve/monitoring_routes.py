@@ -25,5 +25,5 @@ async def health(state: StateDep):
 
 @router.get("/metrics")
 async def prometheus(state: StateDep):
-    text = state.metrics.exposition(state.worker.depth, state.engine)
+    text = state.metrics.exposition(state.worker, state.engine)
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4")

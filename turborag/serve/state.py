@@ -14,14 +14,13 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 
 from turborag.core.batch import DecodeBatch
+from turborag.core.defaults import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_BUDGET
 from turborag.core.engine import Engine, PromptTooLong
 from turborag.core.generate import DecodeState
 from turborag.serve.errors import APIError
 from turborag.serve.metrics import Metrics
-from turborag.serve.worker import DEFAULT_PREFILL_BUDGET, Job, ModelWorker, QueueFull, step_alone
+from turborag.serve.worker import Generation, Job, ModelWorker, QueueFull, step_alone
 from turborag.store.errors import StoreUnavailable
-
-DEFAULT_MAX_BATCH = 8  # running requests decoded together
 
 
 @dataclass
@@ -101,7 +100,7 @@ class ServerState:
         """Queue a plain job (`run`) or a generation (`begin`, decoded in the batch); await its first item so
         that request errors become HTTP errors, not broken streams."""
         try:
-            job = self.worker.submit(run, begin)
+            job = self.worker.submit(Generation(begin) if begin is not None else run)
         except QueueFull:
             raise APIError(
                 503,

@@ -29,10 +29,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from turborag.core.defaults import DEFAULT_PREFILL_BUDGET
 from turborag.core.generate import DecodeState
 
 _DONE = object()
-DEFAULT_PREFILL_BUDGET = 2048  # tokens prefilled per iteration before running decodes get their step
 
 
 class QueueFull(Exception):
@@ -62,6 +62,13 @@ class Job:
 
     def cancel(self) -> None:
         self.cancelled.set()
+
+
+@dataclass
+class Generation:
+    """What a generation request submits: `begin` prefills and returns the sequence to decode."""
+
+    begin: Callable[[], DecodeState]
 
 
 def step_alone(rows: list[DecodeState], step_one: Callable[[DecodeState], None]) -> None:
@@ -102,15 +109,15 @@ class ModelWorker:
         """Jobs waiting plus the ones running."""
         return self.jobs.qsize() + self.running
 
-    def submit(
-        self, run: Callable[[], Iterator] | None = None, begin: Callable[[], DecodeState] | None = None
-    ) -> Job:
-        """Queue a plain job (`run`) or a generation (`begin`); raises QueueFull when the queue is."""
-        if (run is None) == (begin is None):
-            raise ValueError("submit exactly one of run and begin")
-        if begin is not None and self.step is None:
-            raise ValueError("this worker has no decode step: submit generations as plain jobs")
-        job = Job(run, asyncio.get_running_loop(), begin)
+    def submit(self, work: Callable[[], Iterator] | Generation) -> Job:
+        """Queue a plain job (a callable returning an iterator of items) or a Generation; raises QueueFull
+        when the queue is."""
+        if isinstance(work, Generation):
+            if self.step is None:
+                raise ValueError("this worker has no decode step: submit generations as plain jobs")
+            job = Job(None, asyncio.get_running_loop(), work.begin)
+        else:
+            job = Job(work, asyncio.get_running_loop())
         try:
             self.jobs.put_nowait(job)
         except queue.Full:
