@@ -205,7 +205,7 @@ def _repair(catalog, keys: list[str]) -> int:
 @app.command("gc")
 def cache_gc(store: Path = StoreOpt, as_json: bool = JsonOpt) -> None:
     """Delete caches no chunk uses (left by changed, removed or killed ingests) and stale temp files."""
-    from turborag.rag.ingest import INDEX_FILE, free_caches
+    from turborag.rag.ingest import free_caches
     from turborag.store.catalog import StoreError
 
     catalog = open_catalog(store, create=False)
@@ -219,7 +219,7 @@ def cache_gc(store: Path = StoreOpt, as_json: bool = JsonOpt) -> None:
                 freed += kv.delete(key)
                 files += 1
             garbage = kv.backend.stray_files() if hasattr(kv.backend, "stray_files") else []
-            garbage += list(catalog.root.glob(f".tmp-*{INDEX_FILE}"))
+            garbage += list(catalog.root.glob(".tmp-*index*.safetensors"))
             for f in garbage:
                 freed += f.stat().st_size
                 f.unlink()

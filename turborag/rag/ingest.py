@@ -39,7 +39,7 @@ from turborag.core.engine import Engine
 from turborag.rag import loaders
 from turborag.rag.chunker import Chunk, Chunker
 from turborag.rag.embed import DIM, Embedder, VectorIndex
-from turborag.store.catalog import Catalog, NewChunk, StoreError
+from turborag.store.catalog import DEFAULT_COLLECTION, Catalog, NewChunk, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -344,14 +344,32 @@ def remove(catalog: Catalog, kv, paths: Sequence[str | Path]) -> tuple[int, int]
         return len(doc_ids), chunks
 
 
+def delete_collection(catalog: Catalog, kv, name: str) -> list[str] | None:
+    """Drop collection `name`: its documents and chunks, its index snapshot, and the caches that no chunk of
+    any other collection still uses. Returns the source paths its documents had (None: no such collection)."""
+    with catalog.write_lock():
+        paths = catalog.delete_collection(name)
+        if paths is None:
+            return None
+        free_caches(catalog, kv)
+    (catalog.root / index_file(name)).unlink(missing_ok=True)
+    return paths
+
+
 # ---------------------------------------------------------------------------------------------------------
 # the index snapshot
 
 
+def index_file(collection: str) -> str:
+    """The snapshot file of a collection's index: `index.safetensors` for `default` (as before collections),
+    `index.<name>.safetensors` for another (collection names are safe in file names)."""
+    return INDEX_FILE if collection == DEFAULT_COLLECTION else f"index.{collection}.safetensors"
+
+
 def refresh_index(catalog: Catalog) -> VectorIndex:
-    """The catalog's current index: the snapshot if its generation matches, else rebuilt from the catalog's
-    vectors (and saved, when the store is writable)."""
-    path = catalog.root / INDEX_FILE
+    """The current index of the catalog's collection: the snapshot if its generation matches, else rebuilt
+    from the catalog's vectors (and saved, when the store is writable)."""
+    path = catalog.root / index_file(catalog.collection)
     gen = catalog.generation
     index = VectorIndex.load(path, gen)
     if index is not None:

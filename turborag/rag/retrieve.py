@@ -24,6 +24,8 @@ class Passage:
     path: str
     text: str
     score: float
+    doc_id: str = ""  # the catalog's document id (a path, or path#record for JSONL)
+    ordinal: int = 0  # the chunk's place in its document
 
 
 class Retriever:
@@ -47,7 +49,7 @@ class Retriever:
             if row is None or row.cache_key in seen:
                 continue
             seen.add(row.cache_key)
-            out.append(Passage(row.chunk_id, row.path, row.text, h.score))
+            out.append(Passage(row.chunk_id, row.path, row.text, h.score, row.doc_id, row.ordinal))
             if len(out) == k:
                 break
         return out

@@ -20,9 +20,11 @@ with a different model or format.
 
 from __future__ import annotations
 
+import copy
 import errno
 import fcntl
 import os
+import re
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator
@@ -34,22 +36,33 @@ from turborag.store import kv_store
 
 CATALOG = "catalog.sqlite"
 STORE_FORMAT = "turborag-store"
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
+DEFAULT_COLLECTION = "default"
+COLLECTION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS documents (
+# Version 2 added collections: a document belongs to one collection (the same file may be in several), and
+# chunk ids are unique per document only. Chunks still name their cache by content, so cache entries stay
+# shared by every collection. A version-1 store is migrated in place when opened (`_migrate_v1`): its
+# documents become the collection `default`.
+_TABLES = """
+CREATE TABLE IF NOT EXISTS collections (
     id INTEGER PRIMARY KEY,
-    doc_id TEXT NOT NULL UNIQUE,        -- absolute path, or path#record-id for JSONL
+    name TEXT NOT NULL UNIQUE,
+    created REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS {documents} (
+    id INTEGER PRIMARY KEY,
+    collection INTEGER NOT NULL REFERENCES collections(id) ON DELETE CASCADE,
+    doc_id TEXT NOT NULL,               -- absolute path, or path#record-id for JSONL
     path TEXT NOT NULL,                 -- the source file
     file_hash TEXT NOT NULL,            -- sha256 of the source file's bytes
     content_hash TEXT NOT NULL,         -- sha256 of the extracted text
-    ingested REAL NOT NULL
+    ingested REAL NOT NULL,
+    UNIQUE (collection, doc_id)
 );
-CREATE INDEX IF NOT EXISTS documents_path ON documents(path);
-CREATE TABLE IF NOT EXISTS chunks (
+CREATE TABLE IF NOT EXISTS {chunks} (
     id INTEGER PRIMARY KEY AUTOINCREMENT,  -- the index's row id
-    chunk_id TEXT NOT NULL UNIQUE,      -- doc_id#ordinal:hash12
+    chunk_id TEXT NOT NULL,             -- doc_id#ordinal:hash12
     document INTEGER NOT NULL REFERENCES documents(id) ON DELETE CASCADE,
     ordinal INTEGER NOT NULL,
     text TEXT NOT NULL,
@@ -58,18 +71,34 @@ CREATE TABLE IF NOT EXISTS chunks (
     cache_key TEXT NOT NULL,
     embedding BLOB NOT NULL             -- float32 unit vector
 );
+"""
+_INDEXES = """
+CREATE INDEX IF NOT EXISTS documents_path ON documents(collection, path);
 CREATE INDEX IF NOT EXISTS chunks_document ON chunks(document);
 CREATE INDEX IF NOT EXISTS chunks_cache_key ON chunks(cache_key);
-CREATE TABLE IF NOT EXISTS cache_entries (
-    key TEXT PRIMARY KEY,
-    bytes INTEGER NOT NULL,
-    created REAL NOT NULL
-);
 """
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);\n"
+    + _TABLES.format(documents="documents", chunks="chunks")
+    + _INDEXES
+    + "CREATE TABLE IF NOT EXISTS cache_entries (key TEXT PRIMARY KEY, bytes INTEGER NOT NULL, "
+    "created REAL NOT NULL);\n"
+)
 
 
 class StoreError(Exception):
     """A store that cannot be used as asked; the message says why and what to do."""
+
+
+def check_collection_name(name: str) -> str:
+    """StoreError unless `name` is a collection name: letters, digits, `_` and `-`, at most 64, starting with
+    a letter or digit (so it is safe in a file name and a URL)."""
+    if not isinstance(name, str) or not COLLECTION_NAME.fullmatch(name):
+        raise StoreError(
+            f"invalid collection name {name!r}: use 1-64 letters, digits, '_' or '-', starting with a letter "
+            "or digit"
+        )
+    return name
 
 
 @dataclass
@@ -144,14 +173,23 @@ class Catalog:
             self.root.mkdir(parents=True, exist_ok=True)
         try:
             self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None)  # explicit transactions
+            tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            if "meta" in tables and "collections" not in tables and self.meta().get("schema") == "1":
+                self._migrate_v1()
             self.db.execute("PRAGMA foreign_keys = ON")
             if create:
                 self.db.executescript(_SCHEMA)
+                self.db.execute(
+                    "INSERT OR IGNORE INTO collections(name, created) VALUES (?, ?)",
+                    (DEFAULT_COLLECTION, time.time()),
+                )
             tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         except sqlite3.DatabaseError as e:
             raise StoreError(f"{self.path} is not a turborag catalog ({e})") from e
         if "meta" not in tables:
             raise StoreError(f"{self.path} is not a turborag catalog (no meta table)")
+        self.collection = DEFAULT_COLLECTION
+        self._collection_id: int | None = None
         meta = self.meta()
         if not meta:
             self.set_meta(
@@ -167,8 +205,101 @@ class Catalog:
                 f"{SCHEMA_VERSION}/{kv_store.KEY_VERSION}. Ingest again into a new --store."
             )
 
+    def _migrate_v1(self) -> None:
+        """Version 1 -> 2 in one transaction: every document goes to the collection `default`, and the
+        uniqueness of doc_id and chunk_id becomes per collection. SQLite cannot drop a UNIQUE constraint,
+        so both tables are copied into new ones (row ids kept: the index snapshot names chunks by them)."""
+        db = self.db
+        db.execute("PRAGMA foreign_keys = OFF")  # the copy drops and renames the tables chunks refer to
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for stmt in _TABLES.format(documents="documents_v2", chunks="chunks_v2").split(";"):
+                if stmt.strip():
+                    db.execute(stmt)
+            db.execute(
+                "INSERT INTO collections(id, name, created) VALUES (1, ?, ?)",
+                (DEFAULT_COLLECTION, time.time()),
+            )
+            db.execute(
+                "INSERT INTO documents_v2(id, collection, doc_id, path, file_hash, content_hash, ingested) "
+                "SELECT id, 1, doc_id, path, file_hash, content_hash, ingested FROM documents"
+            )
+            db.execute("INSERT INTO chunks_v2 SELECT * FROM chunks")
+            db.execute("DROP TABLE chunks")
+            db.execute("DROP TABLE documents")
+            db.execute("ALTER TABLE documents_v2 RENAME TO documents")
+            db.execute("ALTER TABLE chunks_v2 RENAME TO chunks")
+            for stmt in _INDEXES.split(";"):
+                if stmt.strip():
+                    db.execute(stmt)
+            db.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (SCHEMA_VERSION,))
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
     def close(self) -> None:
         self.db.close()
+
+    # -- collections -------------------------------------------------------------------------------
+
+    def use(self, name: str, create: bool = False) -> Catalog:
+        """This catalog seen through collection `name` (the same connection): documents, chunks, retrieval
+        and stats are that collection's; cache entries stay the store's. StoreError if the collection does
+        not exist and `create` is false, or the name is not a valid collection name."""
+        check_collection_name(name)
+        row = self.db.execute("SELECT id FROM collections WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            if not create:
+                raise StoreError(
+                    f"no collection {name!r} in this store (it has {', '.join(self.collections())})"
+                )
+            self.create_collection(name)
+            row = self.db.execute("SELECT id FROM collections WHERE name = ?", (name,)).fetchone()
+        view = copy.copy(self)
+        view._created = None  # only the catalog that created the store may discard it
+        view.collection, view._collection_id = name, row[0]
+        return view
+
+    @property
+    def cid(self) -> int:
+        """The id of this view's collection (`default` unless `use` chose another)."""
+        if self._collection_id is None:
+            row = self.db.execute("SELECT id FROM collections WHERE name = ?", (self.collection,)).fetchone()
+            if row is None:
+                raise StoreError(f"no collection {self.collection!r} in this store")
+            self._collection_id = row[0]
+        return self._collection_id
+
+    def collections(self) -> list[str]:
+        return [r[0] for r in self.db.execute("SELECT name FROM collections ORDER BY name")]
+
+    def has_collection(self, name: str) -> bool:
+        return self.db.execute("SELECT 1 FROM collections WHERE name = ?", (name,)).fetchone() is not None
+
+    def create_collection(self, name: str) -> bool:
+        """Create an empty collection; False if it already exists."""
+        check_collection_name(name)
+        with self.transaction() as db:
+            cur = db.execute(
+                "INSERT OR IGNORE INTO collections(name, created) VALUES (?, ?)", (name, time.time())
+            )
+        return cur.rowcount == 1
+
+    def delete_collection(self, name: str) -> list[str] | None:
+        """Drop a collection with its documents and chunks (one transaction); returns the source paths of
+        its documents, or None if there is no such collection. The caller frees the caches nothing else uses
+        (`drop_unreferenced_entries`), as after any removal."""
+        with self.transaction() as db:
+            row = db.execute("SELECT id FROM collections WHERE name = ?", (name,)).fetchone()
+            if row is None:
+                return None
+            paths = [
+                r[0] for r in db.execute("SELECT DISTINCT path FROM documents WHERE collection = ?", row)
+            ]
+            db.execute("DELETE FROM collections WHERE id = ?", row)  # cascades to documents and chunks
+            self._bump(db)
+        return paths
 
     def discard(self) -> bool:
         """Delete the store again if this Catalog created it and it still holds no document; True if it did.
@@ -185,7 +316,7 @@ class Catalog:
         outermost, before = self._created
         try:
             with self.write_lock():  # no other writer mid-ingest; under the lock, no document means none
-                if self.stats()["documents"]:
+                if self.db.execute("SELECT COUNT(*) FROM documents").fetchone()[0]:
                     return False
                 self.close()
                 for name in set(os.listdir(self.root)) - before:
@@ -288,18 +419,23 @@ class Catalog:
     def documents_by_path(self, path: str) -> dict[str, tuple[str, str]]:
         """doc_id -> (file_hash, content_hash) of the documents from one source file."""
         rows = self.db.execute(
-            "SELECT doc_id, file_hash, content_hash FROM documents WHERE path = ?", (path,)
+            "SELECT doc_id, file_hash, content_hash FROM documents WHERE collection = ? AND path = ?",
+            (self.cid, path),
         )
         return {d: (f, c) for d, f, c in rows}
 
     def paths(self) -> list[str]:
-        return [r[0] for r in self.db.execute("SELECT DISTINCT path FROM documents ORDER BY path")]
+        q = "SELECT DISTINCT path FROM documents WHERE collection = ? ORDER BY path"
+        return [r[0] for r in self.db.execute(q, (self.cid,))]
 
     def chunk_ids(self, doc_ids: Iterable[str]) -> set[str]:
         out: set[str] = set()
         for d in doc_ids:
-            q = "SELECT c.chunk_id FROM chunks c JOIN documents d ON c.document = d.id WHERE d.doc_id = ?"
-            out.update(r[0] for r in self.db.execute(q, (d,)))
+            q = (
+                "SELECT c.chunk_id FROM chunks c JOIN documents d ON c.document = d.id "
+                "WHERE d.collection = ? AND d.doc_id = ?"
+            )
+            out.update(r[0] for r in self.db.execute(q, (self.cid, d)))
         return out
 
     def cache_keys_of(self, doc_ids: Iterable[str]) -> list[tuple[str, str, int]]:
@@ -307,16 +443,19 @@ class Catalog:
         out = []
         q = (
             "SELECT d.doc_id, c.cache_key, c.tokens FROM chunks c JOIN documents d ON c.document = d.id "
-            "WHERE d.doc_id = ? ORDER BY c.ordinal"
+            "WHERE d.collection = ? AND d.doc_id = ? ORDER BY c.ordinal"
         )
         for d in doc_ids:
-            out.extend(self.db.execute(q, (d,)))
+            out.extend(self.db.execute(q, (self.cid, d)))
         return out
 
     def touch_document(self, doc_id: str, file_hash: str) -> None:
         """Same text, new file bytes (e.g. another JSONL record changed): only the file hash moves."""
         with self.transaction() as db:
-            db.execute("UPDATE documents SET file_hash = ? WHERE doc_id = ?", (file_hash, doc_id))
+            db.execute(
+                "UPDATE documents SET file_hash = ? WHERE collection = ? AND doc_id = ?",
+                (file_hash, self.cid, doc_id),
+            )
 
     def replace_document(
         self, doc_id: str, path: str, file_hash: str, content_hash: str, chunks: list[NewChunk]
@@ -330,15 +469,16 @@ class Catalog:
                 r[0]
                 for r in db.execute(
                     "SELECT c.chunk_id FROM chunks c JOIN documents d ON c.document = d.id "
-                    "WHERE d.doc_id = ?",
-                    (doc_id,),
+                    "WHERE d.collection = ? AND d.doc_id = ?",
+                    (self.cid, doc_id),
                 )
             }
-            db.execute("DELETE FROM documents WHERE doc_id = ?", (doc_id,))  # cascades to its chunks
+            # cascades to its chunks
+            db.execute("DELETE FROM documents WHERE collection = ? AND doc_id = ?", (self.cid, doc_id))
             cur = db.execute(
-                "INSERT INTO documents(doc_id, path, file_hash, content_hash, ingested) "
-                "VALUES (?, ?, ?, ?, ?)",
-                (doc_id, path, file_hash, content_hash, time.time()),
+                "INSERT INTO documents(collection, doc_id, path, file_hash, content_hash, ingested) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (self.cid, doc_id, path, file_hash, content_hash, time.time()),
             )
             doc = cur.lastrowid
             now = time.time()
@@ -368,10 +508,11 @@ class Catalog:
         with self.transaction() as db:
             for d in doc_ids:
                 removed += db.execute(
-                    "SELECT COUNT(*) FROM chunks c JOIN documents d ON c.document = d.id WHERE d.doc_id = ?",
-                    (d,),
+                    "SELECT COUNT(*) FROM chunks c JOIN documents d ON c.document = d.id "
+                    "WHERE d.collection = ? AND d.doc_id = ?",
+                    (self.cid, d),
                 ).fetchone()[0]
-                db.execute("DELETE FROM documents WHERE doc_id = ?", (d,))
+                db.execute("DELETE FROM documents WHERE collection = ? AND doc_id = ?", (self.cid, d))
             self._bump(db)
         return removed
 
@@ -379,8 +520,8 @@ class Catalog:
         """doc_ids whose source file is `path` or lies under the folder `path`."""
         prefix = path.rstrip(os.sep) + os.sep
         rows = self.db.execute(
-            "SELECT doc_id FROM documents WHERE path = ? OR substr(path, 1, ?) = ?",
-            (path, len(prefix), prefix),
+            "SELECT doc_id FROM documents WHERE collection = ? AND (path = ? OR substr(path, 1, ?) = ?)",
+            (self.cid, path, len(prefix), prefix),
         )
         return [r[0] for r in rows]
 
@@ -426,33 +567,48 @@ class Catalog:
     # -- retrieval -------------------------------------------------------------------------------------
 
     def embeddings(self) -> tuple[list[int], list[bytes]]:
-        rows = self.db.execute("SELECT id, embedding FROM chunks ORDER BY id").fetchall()
+        rows = self.db.execute(
+            "SELECT c.id, c.embedding FROM chunks c JOIN documents d ON c.document = d.id "
+            "WHERE d.collection = ? ORDER BY c.id",
+            (self.cid,),
+        ).fetchall()
         return [r[0] for r in rows], [r[1] for r in rows]
 
     def chunks_by_rowid(self, rowids: list[int]) -> list[ChunkRow]:
         """Rows in the order asked for (missing ids are left out)."""
         q = (
             "SELECT c.id, c.chunk_id, d.doc_id, d.path, c.ordinal, c.text, c.tokens, c.cache_key "
-            "FROM chunks c JOIN documents d ON c.document = d.id WHERE c.id = ?"
+            "FROM chunks c JOIN documents d ON c.document = d.id WHERE c.id = ? AND d.collection = ?"
         )
         out = []
         for r in rowids:
-            row = self.db.execute(q, (r,)).fetchone()
+            row = self.db.execute(q, (r, self.cid)).fetchone()
             if row:
                 out.append(ChunkRow(*row))
         return out
 
     def stats(self) -> dict:
-        """What the catalog records. `tokens` are the chunks' text alone, every chunk counted (not the prompt
-        form "Passage: ...", which ingest counts). `cache_entries` / `cache_bytes` are the caches the catalog
-        names, whether or not their file is still on disk: a file `cache verify` removed keeps its entry until
-        the next ingest recomputes it, so `cache stats` compares them with the files present."""
-        one = lambda q: self.db.execute(q).fetchone()[0]  # noqa: E731
+        """What the catalog records for this collection. `tokens` are the chunks' text alone, every chunk
+        counted (not the prompt form "Passage: ...", which ingest counts). `cache_entries` / `cache_bytes` are
+        the caches this collection's chunks name (shared with other collections that hold the same text),
+        whether or not their file is still on disk: a file `cache verify` removed keeps its entry until the
+        next ingest recomputes it, so `cache stats` compares them with the files present."""
+        one = lambda q: self.db.execute(q, {"c": self.cid}).fetchone()[0]  # noqa: E731
+        mine = "SELECT c.* FROM chunks c JOIN documents d ON c.document = d.id WHERE d.collection = :c"
+        used = f"SELECT key, bytes FROM cache_entries WHERE key IN (SELECT cache_key FROM ({mine}))"
         return {
-            "documents": one("SELECT COUNT(*) FROM documents"),
-            "files": one("SELECT COUNT(DISTINCT path) FROM documents"),
-            "chunks": one("SELECT COUNT(*) FROM chunks"),
-            "tokens": one("SELECT COALESCE(SUM(tokens), 0) FROM chunks"),
-            "cache_entries": one("SELECT COUNT(*) FROM cache_entries"),
-            "cache_bytes": one("SELECT COALESCE(SUM(bytes), 0) FROM cache_entries"),
+            "documents": one("SELECT COUNT(*) FROM documents WHERE collection = :c"),
+            "files": one("SELECT COUNT(DISTINCT path) FROM documents WHERE collection = :c"),
+            "chunks": one(f"SELECT COUNT(*) FROM ({mine})"),
+            "tokens": one(f"SELECT COALESCE(SUM(tokens), 0) FROM ({mine})"),
+            "cache_entries": one(f"SELECT COUNT(*) FROM ({used})"),
+            "cache_bytes": one(f"SELECT COALESCE(SUM(bytes), 0) FROM ({used})"),
         }
+
+    def collection_cache_entries(self) -> list[tuple[str, int]]:
+        """(key, bytes) of the cache entries this collection's chunks use."""
+        q = (
+            "SELECT key, bytes FROM cache_entries WHERE key IN (SELECT c.cache_key FROM chunks c "
+            "JOIN documents d ON c.document = d.id WHERE d.collection = ?) ORDER BY key"
+        )
+        return list(self.db.execute(q, (self.cid,)))
