@@ -1,9 +1,9 @@
 """The `turborag` command line, assembled in one place.
 
 Each command lives in the module of its group (`demo.py`, `evaluate.py`, `documents.py`, `ask.py`,
-`serve.py`, `finetune.py`, and the sub-apps `data.py`, `bench.py`, `cache.py`) as a plain function or a typer
-sub-app; none of them imports this module, so registration order is decided here and nowhere else. Each
-command is a thin shell over one module below the CLI.
+`serve.py`, `finetune.py`, and the sub-apps `data.py`, `bench.py`, `cache.py`, `keys.py`) as a plain
+function or a typer sub-app; none of them imports this module, so registration order is decided here and
+nowhere else. Each command is a thin shell over one module below the CLI.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import warnings
 import typer
 from typer.exceptions import TyperException
 
-from turborag.cli import ask, bench, cache, data, demo, documents, evaluate, finetune, serve
+from turborag.cli import ask, bench, cache, data, demo, documents, evaluate, finetune, keys, serve
 
 app = typer.Typer(
     help="TurboRAG: RAG answers that start fast, from precomputed chunk KV caches.",
@@ -30,6 +30,7 @@ app.command("eval")(evaluate.eval_cmd)
 app.command()(finetune.finetune)
 app.command()(serve.serve)
 app.add_typer(cache.app, name="cache")
+app.add_typer(keys.app, name="keys")
 app.command()(documents.ingest)
 app.command()(documents.remove)
 app.command()(ask.ask)

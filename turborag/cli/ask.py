@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from turborag.cli.common import (
+    CollectionOpt,
     DeviceOpt,
     JsonOpt,
     StoreDtypeOpt,
@@ -25,6 +26,7 @@ from turborag.core.defaults import MODES
 def ask(
     question: str = typer.Argument(..., help="the question"),
     store: Path = StoreOpt,
+    collection: str = CollectionOpt,
     mode: str = typer.Option(
         "auto",
         help=f"one of {', '.join(MODES)}; auto = turbo on a cache-aware fine-tune (the default model), "
@@ -57,19 +59,21 @@ def ask(
     url = server or (None if local or own_engine else find_server(store or default_store()))
     if url:
         try:
-            return _ask_remote(url, question, mode, top_k, max_new_tokens, api_key, as_json)
+            return _ask_remote(url, question, mode, top_k, max_new_tokens, api_key, as_json, collection)
         except ServerUnreachable as e:
             if server:
                 fail(str(e))
             typer.echo(f"warning: {e}; answering here", err=True)
         except ServerError as e:
             fail(str(e))
-    _ask_local(question, store, mode, top_k, max_new_tokens, model, device, template, dtype, as_json)
+    _ask_local(
+        question, store, collection, mode, top_k, max_new_tokens, model, device, template, dtype, as_json
+    )
 
 
-def _ask_remote(url, question, mode, top_k, max_new_tokens, api_key, as_json) -> None:
+def _ask_remote(url, question, mode, top_k, max_new_tokens, api_key, as_json, collection) -> None:
     answer = None
-    for item in ask_server(url, question, mode, top_k, max_new_tokens, api_key):
+    for item in ask_server(url, question, mode, top_k, max_new_tokens, api_key, collection):
         if not isinstance(item, str):
             answer = item
         elif not as_json:
@@ -78,16 +82,19 @@ def _ask_remote(url, question, mode, top_k, max_new_tokens, api_key, as_json) ->
     _report(answer, answer.mode or mode, answer.chunks, as_json, via=url)
 
 
-def _ask_local(question, store, mode, top_k, max_new_tokens, model, device, template, dtype, as_json) -> None:
+def _ask_local(
+    question, store, collection, mode, top_k, max_new_tokens, model, device, template, dtype, as_json
+) -> None:
     from turborag.core.engine import Answer, PromptTooLong
     from turborag.rag.embed import Embedder
     from turborag.rag.retrieve import Retriever, fit_passages
 
-    catalog = open_catalog(store, create=False)
+    catalog = open_catalog(store, create=False, collection=collection)
     engine = load_engine(catalog, model, device, template, dtype=dtype)
     retriever = Retriever(catalog, Embedder())
     if not len(retriever):
-        fail(f"store {catalog.root} has no chunks: ingest some documents first")
+        where = f"store {catalog.root}" + ("" if collection == "default" else f", collection {collection},")
+        fail(f"{where} has no chunks: ingest some documents first")
     passages = retriever.search(question, top_k)
     try:
         passages, dropped = fit_passages(engine, question, passages, max_new_tokens)

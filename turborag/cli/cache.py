@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 from rich.table import Table
 
-from turborag.cli.common import JsonOpt, StoreOpt, fail, plural, stdout
+from turborag.cli.common import CollectionOpt, JsonOpt, StoreOpt, fail, plural, stdout
 from turborag.cli.loading import open_catalog, store_kv
 
 # The store (and through it torch) is imported inside the commands, so that loading the CLI stays light.
@@ -39,17 +39,18 @@ _STATS_CAPTION = (
 
 
 @app.command("stats")
-def cache_stats(store: Path = StoreOpt, as_json: bool = JsonOpt) -> None:
-    """Documents, chunks, tokens and caches in the store: the catalog's cache entries, and which of their
-    files are on disk (a damaged file that `cache verify` removed is counted as missing, not present)."""
-    catalog = open_catalog(store, create=False)
+def cache_stats(store: Path = StoreOpt, collection: str = CollectionOpt, as_json: bool = JsonOpt) -> None:
+    """Documents, chunks, tokens and caches of a collection: the catalog's cache entries its chunks use
+    (shared with other collections holding the same text), and which of their files are on disk (a damaged
+    file that `cache verify` removed is counted as missing, not present)."""
+    catalog = open_catalog(store, create=False, collection=collection)
     meta = catalog.meta()
     counts = catalog.stats()
     kv = store_kv(catalog)
     sizes = {key: kv.size(key) or 0 for key in kv.keys()}  # every stored cache, named or not
     on_disk = set(sizes)
-    entries = catalog.cache_entries()
-    known = {k for k, _ in entries}
+    entries = catalog.collection_cache_entries()
+    known = {k for k, _ in catalog.cache_entries()}  # an orphan is a file no collection names
     present = [b for k, b in entries if k in on_disk]
     stats = dict(
         documents=counts["documents"],
@@ -61,6 +62,8 @@ def cache_stats(store: Path = StoreOpt, as_json: bool = JsonOpt) -> None:
         missing_caches=len(entries) - len(present),
         cache_bytes=sum(present),
         store=str(catalog.root),
+        collection=catalog.collection,
+        collections=catalog.collections(),
         model=meta.get("model"),
         model_fingerprint=meta.get("model_fingerprint"),
         chunk_tokens=int(meta["chunk_tokens"]) if "chunk_tokens" in meta else None,
@@ -93,6 +96,8 @@ def cache_stats(store: Path = StoreOpt, as_json: bool = JsonOpt) -> None:
         if k == "disk_tier" and v:
             used, cap = f"{v['bytes']:,}", f"{v['max_bytes']:,}"
             v = f"{used} of {cap} bytes, {v['entries']:,} caches, {v['evictions']:,} evicted"
+        if isinstance(v, list):
+            v = ", ".join(v)
         if k != "store" and v is not None:
             label = _STATS_LABELS.get(k, k.replace("_", " "))
             table.add_row(label, f"{v:,}" if isinstance(v, int) else str(v))

@@ -69,6 +69,12 @@ StoreDtypeOpt = typer.Option(
     help="compute dtype: auto, float32, bfloat16, float16 (default: the store's; auto for a new store)",
 )
 JsonOpt = typer.Option(False, "--json", help="print one JSON object")
+CollectionOpt = typer.Option(
+    "default",
+    "--collection",
+    "-c",
+    help="the store's collection to work on (retrieval never crosses collections; ingest creates it)",
+)
 StoreUrlOpt = typer.Option(
     None,
     "--store-url",

@@ -13,6 +13,7 @@ from pathlib import Path
 import typer
 
 from turborag.cli.common import (
+    CollectionOpt,
     DeviceOpt,
     JsonOpt,
     StoreDtypeOpt,
@@ -77,6 +78,7 @@ def ingest(
         ..., help="files or folders (.txt .md .html .pdf .jsonl; folders recursively)"
     ),
     store: Path = StoreOpt,
+    collection: str = CollectionOpt,
     model: str = StoreModelOpt,
     device: str = DeviceOpt,
     template: str = StoreTemplateOpt,
@@ -101,6 +103,16 @@ def ingest(
         help="how a new store keeps its caches: the compute dtype (default: bfloat16 on bf16 hardware, "
         "else float16), int8 or fp8 (about half the bytes; docs/BENCHMARKS.md has their accuracy)",
     ),
+    ray: str = typer.Option(
+        None,
+        "--ray",
+        help="precompute on a Ray cluster: local (start one on this machine), auto (the cluster this "
+        "machine belongs to) or the cluster's ADDRESS; needs `pip install 'turborag[ray]'` and a store "
+        "every worker reaches (--store-url redis://..., or a folder they all see)",
+    ),
+    ray_workers: int = typer.Option(
+        2, "--ray-workers", min=1, help="Ray actors, one model each (one GPU each)"
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
     """Add files to the store: chunk, precompute KV caches, embed. Unchanged files cost nothing; a killed run
@@ -124,7 +136,7 @@ def ingest(
         if not find_files(paths, report):
             _print_skipped(report.skipped)
             fail(f"{_nothing_to_ingest(paths, len(report.skipped))}; no store was created", code=1)
-    catalog = open_catalog(store, create=True)
+    catalog = open_catalog(store, create=True, collection=collection)
     try:
         meta = catalog.meta()
         size = chunk_tokens or int(meta.get("chunk_tokens", DEFAULT_CHUNK_TOKENS))
@@ -151,7 +163,9 @@ def ingest(
         catalog.discard()  # a store this run created, bound to nothing yet: not left behind
         raise
     chunker = Chunker(engine.lm.tokenizer, size, ovl)
-    ingestor = Ingestor(engine, catalog, Embedder(), chunker, progress=RichProgress(enabled=not as_json))
+    remote = _ray_remote(engine, catalog, ray, ray_workers) if ray else None
+    progress = RichProgress(enabled=not as_json)
+    ingestor = Ingestor(engine, catalog, Embedder(), chunker, progress=progress, remote=remote)
     try:
         res = ingestor.run(paths, prune=prune)
     except StoreWriteError as e:
@@ -159,6 +173,31 @@ def ingest(
     except (FileNotFoundError, StoreError) as e:
         fail(str(e))
     _report_ingest(res, paths, catalog, as_json)
+
+
+def _ray_remote(engine, catalog, address: str, workers: int):
+    """The remote precompute of `ingest --ray`: Ray actors rebuilding this engine (rag/ray_precompute.py)."""
+    import functools
+
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        fail("--ray needs Ray: pip install 'turborag[ray]'")
+    from turborag.rag.ray_precompute import WorkerSpec, precompute_on_ray
+
+    meta = catalog.meta()
+    spec = WorkerSpec(
+        model=meta["model"],
+        device=engine.lm.device.type,
+        dtype=meta["dtype"],
+        template=engine.layout.template,
+        store_url=meta.get("kv_url") or str(catalog.root),
+        store_dtype=engine.store.dtype,
+        fingerprint=engine.lm.fingerprint,
+        max_disk_bytes=int(meta.get("max_disk_bytes", 0)) or None,
+        batch_size=engine.batch_size,
+    )
+    return functools.partial(precompute_on_ray, spec=spec, address=address, workers=workers)
 
 
 def _report_ingest(res, paths: list[Path], catalog, as_json: bool) -> None:
@@ -224,14 +263,15 @@ def remove(
         ..., help="files or folders whose documents to drop (they may be gone)"
     ),
     store: Path = StoreOpt,
+    collection: str = CollectionOpt,
     as_json: bool = JsonOpt,
 ) -> None:
-    """Drop documents (and their caches) from the store."""
+    """Drop documents from a collection of the store, and the caches no other document uses."""
     from turborag.rag.ingest import StoreWriteError
     from turborag.rag.ingest import remove as remove_documents
     from turborag.store.catalog import StoreError
 
-    catalog = open_catalog(store, create=False)
+    catalog = open_catalog(store, create=False, collection=collection)
     try:
         docs, chunks = remove_documents(catalog, store_kv(catalog), paths)
     except StoreError as e:

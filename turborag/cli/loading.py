@@ -52,11 +52,18 @@ def default_store() -> Path:
     return turborag_home() / "store"
 
 
-def open_catalog(store: Path | None, create: bool) -> Catalog:
-    from turborag.store.catalog import Catalog, StoreError
+def open_catalog(store: Path | None, create: bool, collection: str | None = None) -> Catalog:
+    """The store's catalog, seen through `collection` (created with the store when `create`); one `error:`
+    line for a missing store or collection."""
+    from turborag.store.catalog import DEFAULT_COLLECTION, Catalog, StoreError, check_collection_name
 
     try:
-        return Catalog(store or default_store(), create=create)
+        if collection is not None:
+            check_collection_name(collection)  # before a new store is made for it
+        catalog = Catalog(store or default_store(), create=create)
+        if collection is None or collection == DEFAULT_COLLECTION:
+            return catalog
+        return catalog.use(collection, create=create)
     except StoreError as e:
         fail(str(e))
 

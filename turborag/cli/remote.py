@@ -78,7 +78,13 @@ class RemoteAnswer:
 
 
 def ask_server(
-    url: str, question: str, mode: str, top_k: int, max_tokens: int, api_key: str | None = None
+    url: str,
+    question: str,
+    mode: str,
+    top_k: int,
+    max_tokens: int,
+    api_key: str | None = None,
+    collection: str = "default",
 ) -> Iterator[str | RemoteAnswer]:
     """Stream the answer from `url`: text deltas as they arrive, then one RemoteAnswer."""
     body = {
@@ -87,7 +93,7 @@ def ask_server(
         "max_tokens": max_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},
-        "turborag": {"mode": mode, "top_k": top_k},
+        "turborag": {"mode": mode, "top_k": top_k, "collection": collection},
     }
     headers = {"Content-Type": "application/json"}
     if api_key:
@@ -117,13 +123,20 @@ def ask_server(
             extra = event.get("turborag")
             if extra:
                 answer.mode, answer.ttft_s = extra.get("mode", mode), extra.get("ttft_s", 0.0)
-                answer.chunks = list(extra.get("chunks", []))
+                answer.chunks = [_chunk_name(c) for c in extra.get("chunks", [])]
             usage = event.get("usage")
             if usage:
                 answer.prompt_tokens = usage.get("prompt_tokens", 0)
                 answer.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
     answer.total_s = time.perf_counter() - t0
     yield answer
+
+
+def _chunk_name(chunk) -> str:
+    """`name#ordinal` of a chunk as the server names it (`{"name", "ordinal", ...}`)."""
+    if isinstance(chunk, dict):
+        return f"{chunk.get('name', chunk.get('document', '?'))}#{chunk.get('ordinal', 0)}"
+    return str(chunk)
 
 
 def _error_message(e: urllib.error.HTTPError) -> str:

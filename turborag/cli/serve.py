@@ -26,7 +26,17 @@ def serve(
     ),
     host: str = typer.Option("127.0.0.1", help="bind address (localhost unless told otherwise)"),
     port: int = typer.Option(8000, min=1, max=65535),
-    api_key: str = typer.Option(None, envvar="TURBORAG_API_KEY", help="require 'Authorization: Bearer KEY'"),
+    api_key: str = typer.Option(
+        None, envvar="TURBORAG_API_KEY", help="require 'Authorization: Bearer KEY' (a key allowed everything)"
+    ),
+    keys: Path = typer.Option(
+        None,
+        "--keys",
+        help="keys file of `turborag keys add` (hashed keys, each scoped to collections it may read/write)",
+    ),
+    metrics_key: str = typer.Option(
+        None, "--metrics-key", envvar="TURBORAG_METRICS_KEY", help="require 'Bearer KEY' on /metrics"
+    ),
     device: str = DeviceOpt,
     dtype: str = StoreDtypeOpt,
     max_queue: int = typer.Option(64, min=1, help="requests waiting for the model before 503"),
@@ -52,9 +62,23 @@ def serve(
         ram = parse_bytes(ram_cache_bytes)
     except ValueError as e:
         fail(f"--ram-cache-bytes: {e}")
+    from turborag.serve.access import Access, KeysError
+
+    if keys is not None and not keys.expanduser().is_file():
+        fail(f"--keys {keys}: no such file (make one with `turborag keys add NAME --keys {keys}`)")
+    try:
+        access = Access.from_file(keys.expanduser() if keys else None)
+    except KeysError as e:
+        fail(f"--keys: {e}")
     backend = serve_backend(store, model, device, max_tokens, dtype=dtype, ram_cache_bytes=ram)
     app = create_app(
-        backend, api_key=api_key, max_queue=max_queue, max_batch=max_batch, prefill_budget=prefill_budget
+        backend,
+        api_key=api_key,
+        max_queue=max_queue,
+        max_batch=max_batch,
+        prefill_budget=prefill_budget,
+        access=access,
+        metrics_key=metrics_key,
     )
     where = f"store {backend.documents.root}" if backend.documents else "no store (no retrieval)"
     console.print(f"serving {backend.model_name} on http://{host}:{port}/v1 with {where}")
@@ -66,7 +90,9 @@ def serve(
     # `turborag ask` on this store finds the server through this file and asks it instead of loading a model.
     # uvicorn re-raises SIGTERM after its graceful shutdown; exiting through SystemExit lets `finally` run.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    write_server_file(backend.documents.root, local_url(host, port), backend.model_name, bool(api_key))
+    write_server_file(
+        backend.documents.root, local_url(host, port), backend.model_name, bool(api_key or keys)
+    )
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:

@@ -10,7 +10,9 @@ assemble caches, prefill the question, decode) -> tokens back to the handler -> 
   caching (core/prefix_cache.py). `usage.prompt_tokens_details.cached_tokens` counts prompt tokens served
   from precomputed caches; the response names the chunks used (`turborag.chunks`).
 - `POST /v1/completions`: a plain prompt, prompt-cached. `GET /v1/models`.
-- `POST /v1/documents`, `GET /v1/documents`, `DELETE /v1/documents/{id}`.
+- `POST /v1/documents`, `GET /v1/documents`, `DELETE /v1/documents/{id}`, per collection.
+- `GET /v1/collections`, `POST /v1/collections`, `DELETE /v1/collections/{name}`.
+- Keys (access.py): each may read some collections and write some; outside its scope a request gets 403.
 - `GET /health`, `GET /metrics` (Prometheus text format).
 
 Errors use OpenAI's body `{"error": {"message", "type", "param", "code"}}` and never carry a stack trace,
@@ -27,7 +29,8 @@ from fastapi import FastAPI
 from starlette.exceptions import HTTPException
 
 from turborag.core.defaults import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_BUDGET
-from turborag.serve import documents_routes, monitoring_routes, openai_routes
+from turborag.serve import collections_routes, documents_routes, monitoring_routes, openai_routes
+from turborag.serve.access import Access
 from turborag.serve.errors import APIError, api_error_handler, guard, http_error_handler
 from turborag.serve.schemas import MAX_BODY_BYTES
 from turborag.serve.state import Backend, ServerState
@@ -40,18 +43,29 @@ def create_app(
     max_body_bytes: int = MAX_BODY_BYTES,
     max_batch: int = DEFAULT_MAX_BATCH,
     prefill_budget: int = DEFAULT_PREFILL_BUDGET,
+    access: Access | None = None,
+    metrics_key: str | None = None,
 ) -> FastAPI:
     """An app serving `backend`; it starts its own model worker thread, which decodes up to `max_batch`
-    requests together and prefills at most about `prefill_budget` tokens between two decode steps."""
+    requests together and prefills at most about `prefill_budget` tokens between two decode steps.
+    `access` holds the scoped keys (`--keys`), `api_key` one more key allowed everything; with neither the
+    API is open. `metrics_key` guards `/metrics`."""
     app = FastAPI(title="turborag", docs_url=None, redoc_url=None)
-    state = ServerState(backend, api_key, max_queue, max_body_bytes, max_batch, prefill_budget)
+    state = ServerState(
+        backend, api_key, max_queue, max_body_bytes, max_batch, prefill_budget, access, metrics_key
+    )
     app.state.server = state
     # the same objects under their own names, for tests and benchmarks that watch (or patch) the worker
     app.state.worker, app.state.metrics, app.state.backend = state.worker, state.metrics, backend
     app.middleware("http")(guard)
     app.add_exception_handler(APIError, api_error_handler)
     app.add_exception_handler(HTTPException, http_error_handler)  # routing's 404 and 405 included
-    for routes in (openai_routes, monitoring_routes, documents_routes):  # the order of the OpenAPI paths
+    for routes in (
+        openai_routes,
+        monitoring_routes,
+        documents_routes,
+        collections_routes,
+    ):  # the order of the OpenAPI paths
         app.include_router(routes.router)
     return app
 

@@ -20,6 +20,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
+from turborag.serve.access import check_secret
+
 log = logging.getLogger(__name__)
 
 UNMATCHED = "unmatched"  # the metrics label of every request to a path that no route serves
@@ -44,6 +46,11 @@ class APIError(Exception):
     def response(self) -> JSONResponse:
         body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
         return JSONResponse(body, status_code=self.status, headers=self.headers)
+
+
+def forbidden(message: str) -> APIError:
+    """403 in OpenAI's shape: the key is valid but its scope does not cover what was asked."""
+    return APIError(403, message, "permission_error", "permission_denied")
 
 
 def too_large(max_bytes: int, what: str = "request body") -> APIError:
@@ -76,15 +83,23 @@ async def parse_body(request: Request, model: type[BaseModel], max_bytes: int) -
         raise APIError(400, msg, param=param, code="invalid_value") from None
 
 
-def check_request(request: Request, api_key: str | None, max_body_bytes: int) -> None:
-    """Refuse a declared-too-large body before it is read, and a missing or wrong key on the API (`/v1/`);
-    `/health` and `/metrics` stay open for probes and scrapers."""
+def check_request(request: Request, state: Any) -> None:
+    """Refuse a declared-too-large body before it is read, and a missing or unknown key on the API (`/v1/`),
+    where the key's principal (its scopes) is put on `request.state.principal` for the routes. `/metrics`
+    needs the metrics key when the server has one; `/health` stays open for probes."""
     length = request.headers.get("content-length")
-    if length is not None and int(length) > max_body_bytes:
-        raise too_large(max_body_bytes)
-    if api_key and request.url.path.startswith("/v1/"):
-        if request.headers.get("authorization", "") != f"Bearer {api_key}":
+    if length is not None and not length.strip().isdigit():
+        raise APIError(400, "malformed Content-Length header", code="invalid_request")
+    if length is not None and int(length) > state.max_body_bytes:
+        raise too_large(state.max_body_bytes)
+    auth = request.headers.get("authorization", "")
+    if request.url.path.startswith("/v1/"):
+        principal = state.access.authenticate(auth)
+        if principal is None:
             raise APIError(401, "missing or wrong API key", "authentication_error", "invalid_api_key")
+        request.state.principal = principal
+    elif request.url.path == "/metrics" and state.metrics_key and not check_secret(auth, state.metrics_key):
+        raise APIError(401, "missing or wrong metrics key", "authentication_error", "invalid_api_key")
 
 
 async def guard(request: Request, call_next):
@@ -92,7 +107,7 @@ async def guard(request: Request, call_next):
     state = request.app.state.server  # a turborag.serve.state.ServerState (not imported: it imports this)
     endpoint = endpoint_label(request)
     try:
-        check_request(request, state.api_key, state.max_body_bytes)
+        check_request(request, state)
         response = await call_next(request)
     except APIError as e:
         response = e.response()
@@ -146,6 +161,8 @@ async def http_error_handler(request: Request, e: HTTPException) -> Response:
     type_ = "invalid_request_error"
     if e.status_code == 401:
         type_ = "authentication_error"
+    elif e.status_code == 403:
+        type_ = "permission_error"
     elif e.status_code >= 500:
         type_ = "server_error"
     return APIError(e.status_code, message, type_, code, headers=dict(e.headers or {})).response()

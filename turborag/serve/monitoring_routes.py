@@ -1,6 +1,7 @@
 """`GET /health` (liveness, queue depth, whether documents are served) and `GET /metrics` (Prometheus).
 
-Both are outside `/v1/`, so they need no API key: probes and scrapers do not hold one.
+Both are outside `/v1/`, so no API key opens them: `/health` stays open for probes, and `/metrics` needs the
+metrics key when the server was started with one (`--metrics-key`; errors.check_request checks it).
 """
 
 from __future__ import annotations

@@ -32,6 +32,8 @@ async def chat(request: Request, state: StateDep):
     if not users or not users[-1].text().strip():
         raise APIError(400, "messages need a non-empty user message", param="messages")
     if opts.contexts is not None or (opts.retrieve and state.backend.retriever is not None):
+        if opts.contexts is None:  # retrieval reads the collection: the key must be allowed to
+            state.may_read(request, opts.collection)
         return await answer_from_passages(state, req, users[-1].text())
     engine = state.engine
     params = req.params(state.backend.default_max_tokens)
@@ -49,21 +51,24 @@ async def answer_from_passages(state: ServerState, req: ChatRequest, question: s
     contexts = [c for c in opts.contexts or [] if c.strip()]
     if opts.contexts is not None and not contexts:
         raise APIError(400, "turborag.contexts must hold non-empty passages", param="turborag.contexts")
-    chunk_ids: list[str] = []
+    chunk_refs: list[dict] = []
 
     def begin():
         passages = contexts
         if opts.contexts is None:
             from turborag.rag.retrieve import fit_passages  # a server without a store never loads it
 
-            hits = backend.retriever.search(question, opts.top_k)
+            hits = backend.retriever.search(question, opts.top_k, opts.collection)
             hits, _dropped = fit_passages(engine, question, hits, params.max_new_tokens)
             passages = [h.text for h in hits]
-            chunk_ids.extend(h.chunk_id for h in hits)
+            chunk_refs.extend(backend.retriever.chunk_ref(h) for h in hits)
         return engine.begin(question, passages, opts.mode, params)
 
     started = await state.start(begin=begin)
-    return await respond(state, started, "chat", req, {"chunks": chunk_ids})  # filled before the 1st token
+    extra = {"chunks": chunk_refs}  # filled before the first token
+    if opts.contexts is None:
+        extra["collection"] = opts.collection
+    return await respond(state, started, "chat", req, extra)
 
 
 @router.post("/v1/completions")

@@ -15,6 +15,9 @@ from turborag.core.generate import SamplingParams
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_TOKENS_LIMIT = 4096
 MAX_TOP_K = 64
+COLLECTION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"  # as the catalog's collection names
+
+CollectionName = Field("default", pattern=COLLECTION_PATTERN)
 
 
 class Message(BaseModel):
@@ -36,6 +39,9 @@ class TurboOptions(BaseModel):
     top_k: int = Field(5, ge=1, le=MAX_TOP_K)
     contexts: list[str] | None = None
     retrieve: bool = True
+    collection: str = (
+        CollectionName  # the collection retrieved from (the request's key must be allowed to read it)
+    )
 
 
 class StreamOptions(BaseModel):
@@ -81,3 +87,8 @@ class CompletionRequest(SamplingFields):
 class DocumentRequest(BaseModel):
     name: str = Field(min_length=1, max_length=200)
     text: str = Field(min_length=1)
+    collection: str | None = Field(None, pattern=COLLECTION_PATTERN)
+
+
+class CollectionRequest(BaseModel):
+    name: str = Field(pattern=COLLECTION_PATTERN)

@@ -7,8 +7,10 @@ instead of closing over locals of `create_app`, so each route lives in the modul
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
@@ -17,10 +19,14 @@ from turborag.core.batch import DecodeBatch
 from turborag.core.defaults import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_BUDGET
 from turborag.core.engine import Engine, PromptTooLong
 from turborag.core.generate import DecodeState
-from turborag.serve.errors import APIError
+from turborag.serve.access import EVERYTHING, Access, Principal
+from turborag.serve.errors import APIError, forbidden
 from turborag.serve.metrics import Metrics
 from turborag.serve.worker import Generation, Job, ModelWorker, QueueFull, step_alone
+from turborag.store.catalog import StoreError
 from turborag.store.errors import StoreUnavailable
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -60,6 +66,8 @@ class ServerState:
         max_body_bytes: int,
         max_batch: int = DEFAULT_MAX_BATCH,
         prefill_budget: int = DEFAULT_PREFILL_BUDGET,
+        access: Access | None = None,
+        metrics_key: str | None = None,
     ):
         engine = backend.engine
         if max_batch > 1:
@@ -71,8 +79,13 @@ class ServerState:
         self.metrics = Metrics()
         self.backend = backend
         self.engine = backend.engine
-        self.api_key = api_key
+        # `--api-key` is one more key, allowed everything; without any key the API is open
+        self.access = (access or Access()).with_key(api_key)
+        self.metrics_key = metrics_key
         self.max_body_bytes = max_body_bytes
+        root = getattr(backend.documents, "root", None)
+        # the store's location as a server path, in every spelling a message could carry it
+        self._paths = sorted({str(root), str(Path(root).resolve())}, key=len, reverse=True) if root else []
 
     def check_model(self, name: str) -> None:
         """Accept the served model's name, or "turborag" for a client that does not know it."""
@@ -84,6 +97,29 @@ class ServerState:
                 code="model_not_found",
                 param="model",
             )
+
+    def scrub(self, message: str) -> str:
+        """A message fit for a client: the store's server path replaced by `<store>` (error messages of the
+        store and of ingest name it, which is right on a command line and wrong over HTTP)."""
+        for p in self._paths:
+            message = message.replace(p, "<store>")
+        return message
+
+    def principal(self, request: Request) -> Principal:
+        """Who sent the request (set by the guard middleware for every `/v1/` request)."""
+        return getattr(request.state, "principal", EVERYTHING if not self.access.required else Principal("-"))
+
+    def may_read(self, request: Request, collection: str) -> None:
+        """403 unless the request's key may read `collection`."""
+        p = self.principal(request)
+        if not p.can_read(collection):
+            raise forbidden(f"this API key may not read collection {collection!r}")
+
+    def may_write(self, request: Request, collection: str) -> None:
+        """403 unless the request's key may write `collection` (upload, delete, create, drop)."""
+        p = self.principal(request)
+        if not p.can_write(collection):
+            raise forbidden(f"this API key may not write collection {collection!r}")
 
     def documents(self) -> Any:
         """The document store, or a 404 on a server started without one."""
@@ -117,9 +153,19 @@ class ServerState:
             raise APIError(400, str(e), code="context_length_exceeded") from None
         except StoreUnavailable as e:  # e.g. an upload while the shared store is down: retry later
             retry = {"Retry-After": "5"}
-            raise APIError(503, str(e), "server_error", "store_unavailable", headers=retry) from None
+            raise APIError(
+                503, self.scrub(str(e)), "server_error", "store_unavailable", headers=retry
+            ) from None
+        except StoreError as e:  # e.g. a `turborag ingest` holds the store's write lock
+            retry = {"Retry-After": "5"}
+            raise APIError(409, self.scrub(str(e)), code="store_busy", headers=retry) from None
         except ValueError as e:
-            raise APIError(400, str(e)) from None
+            raise APIError(400, self.scrub(str(e))) from None
+        except OSError as e:  # disk full, permissions: the details (paths) stay in the server's log
+            log.error("store write failed: %s", e)
+            raise APIError(
+                507, "the store could not be written", "server_error", "store_write_failed"
+            ) from None
         except StopAsyncIteration:
             first = None
         return Started(job, first, items)

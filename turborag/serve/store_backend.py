@@ -5,7 +5,12 @@ embedder and index are opened lazily by the first job on the worker thread and o
 
 Uploaded documents are written to `<store>/uploads/<id>/<safe name>`, where `<id>` is chosen by the server,
 then ingested like any file (chunked, embedded, caches precomputed). Every document in the store (uploaded
-or ingested from the command line) has an API id: the upload id, or a hash of its catalog id.
+or ingested from the command line) has an API id: the upload id, or a hash of its catalog id. Responses name
+documents and chunks by these ids, ordinals and file names only, never by server paths.
+
+A store holds named collections (`default` unless a request names another); retrieval, listing and deletion
+see one collection, and each collection has its own retriever, rebuilt when the catalog's generation moves
+(an upload, a delete, or a `turborag ingest` from the command line while the server runs).
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import uuid
 from pathlib import Path
 
 from turborag.core.engine import Engine
+from turborag.serve.errors import APIError
 
 
 def api_id(doc_id: str) -> str:
@@ -30,115 +36,190 @@ class StoreBackend:
         self.engine = engine
         self.uploads = self.root / "uploads"
         self._catalog = None
-        self._retriever = None
+        self._embedder = None
+        self._retrievers: dict[str, tuple[int, object]] = {}  # collection -> (generation, Retriever)
 
     def _open(self):
         if self._catalog is None:
             from turborag.rag.embed import Embedder
-            from turborag.rag.retrieve import Retriever
             from turborag.store.catalog import Catalog
 
             self._catalog = Catalog(self.root)
-            self._retriever = Retriever(self._catalog, Embedder())
-        return self._catalog, self._retriever
+            self._embedder = Embedder()
+        return self._catalog
+
+    def _view(self, collection: str):
+        """The catalog seen through `collection`; a 404 if the store has no such collection."""
+        from turborag.store.catalog import StoreError
+
+        catalog = self._open()
+        try:
+            return catalog.use(collection)
+        except StoreError:
+            raise APIError(
+                404, f"no collection {collection!r}", code="collection_not_found", param="collection"
+            ) from None
 
     # -- retrieval ---------------------------------------------------------------------------------
 
-    def search(self, question: str, k: int):
-        _, retriever = self._open()
-        return retriever.search(question, k)
+    def retriever(self, collection: str = "default"):
+        """The collection's retriever, its index rebuilt if the catalog changed since it was loaded."""
+        from turborag.rag.retrieve import Retriever
 
-    def _refresh(self) -> None:
-        from turborag.rag.ingest import refresh_index
+        view = self._view(collection)
+        gen = view.generation
+        cached = self._retrievers.get(collection)
+        if cached is None or cached[0] != gen:
+            cached = self._retrievers[collection] = (gen, Retriever(view, self._embedder))
+        return cached[1]
 
-        catalog, retriever = self._open()
-        retriever.index = refresh_index(catalog)
+    def search(self, question: str, k: int, collection: str = "default"):
+        return self.retriever(collection).search(question, k)
+
+    def chunk_ref(self, hit) -> dict:
+        """How a response names a retrieved chunk: its document's API id, its ordinal and the document's
+        display name (the file name, with the record id for a JSONL record), never a server path."""
+        return {
+            "id": f"{self.document_id(hit.doc_id, hit.path)}#{hit.ordinal}",
+            "document": self.document_id(hit.doc_id, hit.path),
+            "ordinal": hit.ordinal,
+            "name": Path(hit.doc_id).name,
+        }
+
+    def document_id(self, doc_id: str, path: str) -> str:
+        """A document's API id: the upload's folder for an upload, else a hash of its catalog id."""
+        up = str(self.uploads.resolve()) + "/"
+        return Path(path[len(up) :]).parts[0] if path.startswith(up) else api_id(doc_id)
+
+    # -- collections -------------------------------------------------------------------------------
+
+    def collections(self) -> list[dict]:
+        catalog = self._open()
+        out = []
+        for name in catalog.collections():
+            stats = catalog.use(name).stats()
+            out.append(
+                {
+                    "id": name,
+                    "object": "collection",
+                    "documents": stats["documents"],
+                    "chunks": stats["chunks"],
+                    "tokens": stats["tokens"],
+                }
+            )
+        return out
+
+    def create_collection(self, name: str) -> bool:
+        """Create an empty collection; False if it exists."""
+        return self._open().create_collection(name)
+
+    def delete_collection(self, name: str) -> bool:
+        """Drop a collection, its uploads, and the caches no other collection uses; False if there is none."""
+        from turborag.rag.ingest import delete_collection
+
+        catalog = self._open()
+        paths = delete_collection(catalog, self.engine.store, name)
+        if paths is None:
+            return False
+        self._retrievers.pop(name, None)
+        up = str(self.uploads.resolve()) + "/"
+        for folder in {Path(p[len(up) :]).parts[0] for p in paths if p.startswith(up)}:
+            shutil.rmtree(self.uploads / folder, ignore_errors=True)
+        return True
 
     # -- documents ---------------------------------------------------------------------------------
 
-    def add(self, name: str, data: bytes) -> dict:
-        """Write the upload under a fresh server-chosen folder and ingest it."""
+    def add(self, name: str, data: bytes, collection: str = "default") -> dict:
+        """Write the upload under a fresh server-chosen folder and ingest it into `collection`. The counts
+        returned are the catalog's (the same as the list shows), whether or not its caches were computed
+        now or were already there (the same text in another collection)."""
         from turborag.rag.chunker import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP, Chunker
-        from turborag.rag.ingest import Ingestor
+        from turborag.rag.ingest import Ingestor, StoreWriteError
 
-        catalog, retriever = self._open()
+        view = self._view(collection)
         doc = uuid.uuid4().hex[:16]
         folder = self.uploads / doc
         folder.mkdir(parents=True)
         path = folder / name
         path.write_bytes(data)
-        meta = catalog.meta()
+        meta = view.meta()
         size = int(meta.get("chunk_tokens", DEFAULT_CHUNK_TOKENS))
         chunker = Chunker(
             self.engine.lm.tokenizer, size, int(meta.get("chunk_overlap", min(DEFAULT_OVERLAP, size // 2)))
         )
         try:
-            res = Ingestor(self.engine, catalog, retriever.embedder, chunker).run([folder])
+            res = Ingestor(self.engine, view, self._embedder, chunker).run([folder])
+        except StoreWriteError:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise APIError(
+                507,
+                "the store could not be written (disk full or not writable)",
+                "server_error",
+                "store_write_failed",
+            ) from None
         except Exception:
             shutil.rmtree(folder, ignore_errors=True)
             raise
-        self._refresh()
         if res.chunks == 0:
-            self.delete(doc)
+            self.delete(doc, collection)
+            shutil.rmtree(folder, ignore_errors=True)
             raise ValueError(f"{name}: no text could be extracted (empty or unreadable file)")
+        rows = view.cache_keys_of(view.documents_under(str(folder.resolve())))
         return {
             "id": doc,
             "object": "document",
             "name": name,
-            "chunks": res.chunks,
-            "tokens": res.tokens,
+            "collection": collection,
+            "chunks": len(rows),
+            "tokens": sum(tokens for _, _, tokens in rows),
             "new_chunks": res.new_chunks,
+            "computed_chunks": res.computed_chunks,
         }
 
-    def list(self) -> list[dict]:
-        catalog, _ = self._open()
-        rows = catalog.db.execute(
+    def list(self, collection: str = "default") -> list[dict]:
+        view = self._view(collection)
+        rows = view.db.execute(
             "SELECT d.doc_id, d.path, COUNT(c.id), COALESCE(SUM(c.tokens), 0) FROM documents d "
-            "LEFT JOIN chunks c ON c.document = d.id GROUP BY d.id ORDER BY d.ingested"
+            "LEFT JOIN chunks c ON c.document = d.id WHERE d.collection = ? "
+            "GROUP BY d.id ORDER BY d.ingested",
+            (view.cid,),
         )
-        out = []
         up = str(self.uploads.resolve()) + "/"
-        for doc_id, path, chunks, tokens in rows:
-            if path.startswith(up):  # an upload: its id is the folder, its name the file (no server path)
-                rel = Path(path[len(up) :])
-                out.append(
-                    {
-                        "id": rel.parts[0],
-                        "object": "document",
-                        "name": rel.name,
-                        "chunks": chunks,
-                        "tokens": tokens,
-                        "source": "upload",
-                    }
-                )
-            else:
-                out.append(
-                    {
-                        "id": api_id(doc_id),
-                        "object": "document",
-                        "name": Path(path).name,
-                        "chunks": chunks,
-                        "tokens": tokens,
-                        "source": "ingest",
-                    }
-                )
-        return out
+        return [
+            {
+                "id": self.document_id(doc_id, path),
+                "object": "document",
+                "name": Path(path).name,
+                "collection": collection,
+                "chunks": chunks,
+                "tokens": tokens,
+                "source": "upload" if path.startswith(up) else "ingest",
+            }
+            for doc_id, path, chunks, tokens in rows
+        ]
 
-    def delete(self, doc: str) -> bool:
-        """Remove a document and its caches; False if no document has that id."""
+    def delete(self, doc: str, collection: str = "default") -> bool:
+        """Remove a document of `collection` and the caches nothing else uses; False if the collection has
+        no document with that id (an upload of another collection is not touched)."""
         from turborag.rag.ingest import free_caches
 
-        catalog, _ = self._open()
+        view = self._view(collection)
         folder = self.uploads / doc
         if folder.is_dir():
-            doc_ids = catalog.documents_under(str(folder.resolve()))
+            doc_ids = view.documents_under(str(folder.resolve()))
         else:
-            doc_ids = [d for (d,) in catalog.db.execute("SELECT doc_id FROM documents") if api_id(d) == doc]
-        if not doc_ids and not folder.is_dir():
+            q = "SELECT doc_id FROM documents WHERE collection = ?"
+            doc_ids = [d for (d,) in view.db.execute(q, (view.cid,)) if api_id(d) == doc]
+        if not doc_ids:
             return False
-        with catalog.write_lock():
-            catalog.remove_documents(doc_ids)
-            free_caches(catalog, self.engine.store)
-        shutil.rmtree(folder, ignore_errors=True)
-        self._refresh()
+        with view.write_lock():
+            view.remove_documents(doc_ids)
+            free_caches(view, self.engine.store)
+        if (
+            folder.is_dir()
+            and not self._open()
+            .db.execute("SELECT 1 FROM documents WHERE path LIKE ? LIMIT 1", (str(folder.resolve()) + "/%",))
+            .fetchone()
+        ):
+            shutil.rmtree(folder, ignore_errors=True)
         return True

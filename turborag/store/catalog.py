@@ -256,8 +256,7 @@ class Catalog:
                 )
             self.create_collection(name)
             row = self.db.execute("SELECT id FROM collections WHERE name = ?", (name,)).fetchone()
-        view = copy.copy(self)
-        view._created = None  # only the catalog that created the store may discard it
+        view = copy.copy(self)  # shares the connection, and `discard` of a store this run created
         view.collection, view._collection_id = name, row[0]
         return view
 
