@@ -189,12 +189,33 @@ def test_error_paths_leak_no_server_path(served, monkeypatch):
 
     monkeypatch.setattr(served.backend.documents, "list", broken)
     checks.append((h.get("/v1/documents"), 500, None))
+    # the store cannot be written (disk full): 507, the store's path only in the server's log
+    from turborag.rag import ingest
+
+    def full(self, *_a, **_k):
+        raise ingest.StoreWriteError(f"could not write the store at {served.store} (No space left on device)")
+
+    monkeypatch.setattr(ingest.Ingestor, "run", full)
+    checks.append(
+        (h.post("/v1/documents", json={"name": "f.txt", "text": "full"}), 507, "store_write_failed")
+    )
+
+    # a request error whose message names the store: the path is scrubbed
+    def bad_search(*_a, **_k):
+        raise ValueError(f"cannot read {served.store.resolve()}/index.safetensors")
+
+    monkeypatch.setattr(served.backend.retriever, "search", bad_search)
+    checks.append((ask(served, "red"), 400, None))
+    bad_model = {"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}
+    checks.append((h.post("/v1/chat/completions", json=bad_model), 404, "model_not_found"))
     for r, status, code in checks:
         assert r.status_code == status, (r.request.url, r.text)
         err = r.json()["error"]
         assert set(err) == {"message", "type", "param", "code"} and (code is None or err["code"] == code)
-    busy = checks[-2][0].json()["error"]["message"]
+    busy = next(r for r, status, _ in checks if status == 409).json()["error"]["message"]
     assert "<store>" in busy and "another turborag process" in busy
+    scrubbed = checks[-2][0].json()["error"]["message"]
+    assert scrubbed.startswith("cannot read <store>")
     assert served.http.get("/health").status_code == 200  # open, no key needed
     ok = httpx.get(served.url + "/metrics", headers={"Authorization": "Bearer m-key"})
     assert ok.status_code == 200 and "turborag" in ok.text

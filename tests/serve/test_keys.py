@@ -185,3 +185,9 @@ def test_keys_cli_errors(tmp_path):
     assert r.exit_code == 2 and "already" in r.output
     assert CliRunner().invoke(app, ["keys", "remove", "x", "--keys", str(f)]).exit_code == 0
     assert CliRunner().invoke(app, ["keys", "remove", "x", "--keys", str(f)]).exit_code == 2
+    # serve refuses a missing or malformed keys file before loading anything
+    r = CliRunner().invoke(app, ["serve", "--keys", str(tmp_path / "none.jsonl")])
+    assert r.exit_code == 2 and "no such file" in r.output
+    f.write_text('{"name": "x", "sha256": "plain-text-key", "read": ["a"]}\n')
+    r = CliRunner().invoke(app, ["serve", "--keys", str(f)])
+    assert r.exit_code == 2 and "line 1" in r.output and "sha256" in r.output
