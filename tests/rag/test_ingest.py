@@ -158,7 +158,7 @@ def test_store_validation(tmp_path, gemma_lm):
     with pytest.raises(StoreError, match="chunk tokens 64, not 128"):
         Catalog(tmp_path / "store").bind("tiny-gemma3", gemma_lm.fingerprint, chunk_tokens=128)
     Catalog(tmp_path / "store").set_meta(schema="0")
-    with pytest.raises(StoreError, match="format version 0/1; this turborag reads 1/1"):
+    with pytest.raises(StoreError, match="format version 0/1; this turborag reads 2/1"):
         Catalog(tmp_path / "store")
 
     (tmp_path / "legacy" / "kv" / "ab").mkdir(parents=True)  # caches from before catalogs: adopted
