@@ -174,8 +174,15 @@ class Catalog:
         try:
             self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None)  # explicit transactions
             tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-            if "meta" in tables and "collections" not in tables and self.meta().get("schema") == "1":
-                self._migrate_v1()
+            old = self.meta() if "meta" in tables and "collections" not in tables else {}
+            if old.get("format") == STORE_FORMAT and old.get("schema") == "1":
+                try:
+                    self._migrate_v1()
+                except sqlite3.OperationalError as e:  # e.g. a read-only store
+                    raise StoreError(
+                        f"store {self.root} predates collections and must be upgraded once, which needs "
+                        f"write access ({e}): run any turborag command on it as a user who can write it"
+                    ) from e
             self.db.execute("PRAGMA foreign_keys = ON")
             if create:
                 self.db.executescript(_SCHEMA)
