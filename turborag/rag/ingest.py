@@ -29,9 +29,10 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
@@ -42,6 +43,16 @@ from turborag.rag.embed import DIM, Embedder, VectorIndex
 from turborag.store.catalog import DEFAULT_COLLECTION, Catalog, NewChunk, StoreError
 
 log = logging.getLogger(__name__)
+
+
+class RemoteResult(Protocol):
+    """What a remote precompute returns (rag/ray_precompute.py RayResult)."""
+
+    bytes: dict[str, int]  # cache key -> stored bytes
+    vectors: dict[str, np.ndarray]  # chunk text -> (384,) float32
+    computed: int  # caches it computed (the others were stored already)
+    computed_tokens: int
+
 
 INDEX_FILE = "index.safetensors"
 _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.EFBIG}
@@ -128,7 +139,12 @@ class Ingestor:
         chunker: Chunker,
         group: int | None = None,
         progress: Progress | None = None,
+        remote: Callable[[list[tuple[str, str, int]]], RemoteResult] | None = None,
     ):
+        """`remote`, when given, computes the caches and embeddings of (key, text, tokens) items elsewhere
+        (rag/ray_precompute.py: a Ray cluster writing into the shared store); the rest is unchanged."""
+        self.remote = remote
+        self._vectors: dict[str, np.ndarray] = {}  # chunk text -> vector, from the remote run
         self.engine = engine
         self.catalog = catalog
         self.embedder = embedder
@@ -209,6 +225,15 @@ class Ingestor:
         todo = {k: n for p in pending for k, n in zip(p.keys, p.sizes) if k not in store}
         todo.update((k, n) for k, _, n in repair_items)
         self.progress.start(len(todo), sum(todo.values()))
+        if self.remote is not None:
+            items = [(k, c.text, n) for p in pending for c, k, n in zip(p.chunks, p.keys, p.sizes)]
+            if items or repair_items:
+                got = self.remote(items + repair_items)  # caches stored, vectors back: the commits skip both
+                self._vectors.update(got.vectors)
+                res.computed_chunks += got.computed
+                res.tokens += got.computed_tokens
+                res.cache_bytes += sum(got.bytes[k] for k in todo if k in got.bytes)
+                self.progress.advance(len(todo), sum(todo.values()))
 
         if repair_items:
             # Only missing files show here: a damaged one is removed once `cache verify` or a read finds it.
@@ -264,7 +289,8 @@ class Ingestor:
     def _commit_group(self, group: list[_Pending], res: IngestResult) -> None:
         self._precompute([(k, c.text, n) for p in group for c, k, n in zip(p.chunks, p.keys, p.sizes)], res)
         unique = list(dict.fromkeys(c.text for p in group for c in p.chunks))  # a repeated text: embed once
-        vectors = dict(zip(unique, self.embedder.encode(unique)))  # text -> (384,) float32
+        todo = [t for t in unique if t not in self._vectors]  # all of them, unless a remote run embedded them
+        vectors = {**self._vectors, **dict(zip(todo, self.embedder.encode(todo)))} if todo else self._vectors
         for p in group:
             new = []
             for c, key in zip(p.chunks, p.keys):

@@ -1,0 +1,59 @@
+"""Many servers, one store: two `turborag serve` replicas over one catalog and one shared Redis KV store,
+behind a round-robin client. Both answer from the shared caches (nothing computed), and a document ingested
+while they run is retrieved by both without a restart (the catalog's generation moves)."""
+
+from __future__ import annotations
+
+import itertools
+
+import httpx
+from helpers import write_corpus
+from redis_servers import redis_server  # noqa: F401
+from typer.testing import CliRunner
+
+from turborag.bench.serve import ServedApp
+from turborag.cli import app
+from turborag.cli.serve import serve_backend
+from turborag.serve import create_app
+
+FACT = "The zorblat festival of Quintara is held on the ninth moon and honours glass-blowers."
+
+
+def _ingest(paths, store, url, model):
+    args = ["ingest", str(paths), "--store", str(store), "--model", model, "--chunk-tokens", "64"]
+    r = CliRunner().invoke(app, [*args, "--store-url", url])
+    assert r.exit_code == 0, r.output
+
+
+def test_two_replicas_share_one_store_and_see_new_ingests(env, tiny_model_dir, redis_server):  # noqa: F811
+    store = env / "store"
+    _ingest(write_corpus(env / "docs"), store, redis_server.url, tiny_model_dir)
+    replicas = [ServedApp(create_app(serve_backend(store, None, "cpu", 4))) for _ in range(2)]
+    with replicas[0] as a, replicas[1] as b:
+        urls = itertools.cycle([a.url, b.url])  # the load balancer
+
+        def ask(question: str) -> tuple[str, dict]:
+            url = next(urls)
+            body = {
+                "model": "turborag",
+                "messages": [{"role": "user", "content": question}],
+                "max_tokens": 2,
+                "turborag": {"mode": "turbo", "top_k": 1},
+            }
+            r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+            assert r.status_code == 200, r.text
+            return url, r.json()["turborag"]
+
+        first = [ask("Who rings the harbour bell?") for _ in range(2)]
+        assert {u for u, _ in first} == {a.url, b.url}
+        assert first[0][1]["chunks"] == first[1][1]["chunks"]  # same store, same retrieval
+        assert all(t["computed_chunks"] == 0 for _, t in first)  # caches read from the shared Redis
+
+        news = env / "news"
+        news.mkdir()
+        (news / "zorblat.txt").write_text(FACT + "\n")
+        _ingest(news, store, redis_server.url, tiny_model_dir)  # while both replicas run
+        later = [ask("When is the zorblat festival of Quintara held?") for _ in range(2)]
+        assert {u for u, _ in later} == {a.url, b.url}
+        for _, t in later:
+            assert t["chunks"][0]["name"] == "zorblat.txt" and t["computed_chunks"] == 0
