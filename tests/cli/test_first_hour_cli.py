@@ -53,14 +53,17 @@ def test_loading_a_model_prints_no_third_party_warnings(tmp_path, tiny_model_dir
 
 def test_the_python_api_stops_a_base_model_at_the_end_of_its_line(gemma_lm, tmp_path, monkeypatch):
     """A base model runs on into a made-up next question; the engine's defaults stop it, as the CLI does."""
-    from turborag.core import engine as engine_mod
+    from turborag.core import generate as generate_mod
     from turborag.core.engine import Engine
     from turborag.store.kv_store import KVStore
 
     tok = gemma_lm.tokenizer
     run_on = tok(" 27\nQuestion: and then?", add_special_tokens=False)["input_ids"]
-    monkeypatch.setattr(engine_mod, "decode", lambda *a, **k: iter(run_on))
+    script: list[int] = []  # the tokens the model "picks", one per step
+    monkeypatch.setattr(generate_mod, "pick", lambda *a: script.pop(0))
     engine = Engine(gemma_lm, KVStore(tmp_path, "float32"))
     assert engine.layout.template == "plain"
+    script[:] = run_on
     assert engine.answer("How old?", ["Odrun is 27."]).text == "27"
+    script[:] = run_on
     assert engine.answer("How old?", ["Odrun is 27."], "full").text == "27"
