@@ -76,6 +76,8 @@ def test_ray_ingest_equals_local_and_survives_a_dead_worker(env, tiny_model_dir,
 def test_ray_rerun_computes_only_what_is_missing(env, tiny_model_dir, ray_local):
     docs = write_corpus(env / "docs")
     first = _ingest(docs, env / "s", tiny_model_dir, "--ray", "local", "--ray-workers", "1")
+    same = _ingest(docs, env / "s", tiny_model_dir, "--ray", "local", "--ray-workers", "1")
+    assert same["tokens"] == 0 and same["new_chunks"] == 0  # a second run computes nothing
     kv = env / "s" / "kv"
     files = sorted(p for p in kv.rglob("*") if p.is_file() and p.suffix != ".lock")
     files[0].unlink()  # a cache lost (a killed run, an evicted file): only it is computed again

@@ -42,11 +42,13 @@ def test_two_replicas_share_one_store_and_see_new_ingests(env, tiny_model_dir, r
             }
             r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
             assert r.status_code == 200, r.text
-            return url, r.json()["turborag"]
+            out = r.json()
+            return url, {**out["turborag"], "answer": out["choices"][0]["message"]["content"]}
 
         first = [ask("Who rings the harbour bell?") for _ in range(2)]
         assert {u for u, _ in first} == {a.url, b.url}
         assert first[0][1]["chunks"] == first[1][1]["chunks"]  # same store, same retrieval
+        assert first[0][1]["answer"] == first[1][1]["answer"]  # and the same greedy answer
         assert all(t["computed_chunks"] == 0 for _, t in first)  # caches read from the shared Redis
 
         news = env / "news"
