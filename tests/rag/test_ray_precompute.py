@@ -83,3 +83,12 @@ def test_ray_rerun_computes_only_what_is_missing(env, tiny_model_dir, ray_local)
     files[0].unlink()  # a cache lost (a killed run, an evicted file): only it is computed again
     again = _ingest(docs, env / "s", tiny_model_dir, "--ray", "local", "--ray-workers", "1")
     assert 0 < again["tokens"] < first["tokens"] / 2  # one chunk's tokens, not the corpus's
+
+
+def test_bench_ingest_reports_each_worker_count(env, tiny_model_dir, ray_local):
+    args = ["bench", "ingest", "--workers", "1", "--docs", "2", "--model", tiny_model_dir, "--json"]
+    out = cli_json(runner.invoke(app, args))
+    local, one = out["rows"]
+    assert local["workers"] == "local" and one["workers"] == 1
+    assert one["chunks"] == local["chunks"] > 0 and one["tokens"] == local["tokens"] > 0
+    assert one["tokens_per_s"] > 0

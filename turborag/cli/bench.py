@@ -348,3 +348,74 @@ def bench_cold_ask_cmd(
         f"{r['server_overhead_s']:.2f}",
     )
     stdout().print(table)
+
+
+@app.command("ingest")
+def bench_ingest_cmd(
+    workers: str = typer.Option("1,2", "--workers", help="comma-separated Ray worker counts"),
+    ray: str = typer.Option("local", "--ray", help="local (start Ray here), auto, or the cluster's ADDRESS"),
+    docs: int = typer.Option(20, min=1, help="documents of the corpus (CPython's docs as .md files)"),
+    model: str = ModelOpt,
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    as_json: bool = JsonOpt,
+) -> None:
+    """Ingest throughput (tokens/s) with `ingest --ray` at each worker count, each into a fresh store, and a
+    local ingest of the same corpus, in one run."""
+    import shutil
+
+    from turborag.bench.ask import write_corpus
+    from turborag.cli.documents import _ray_remote
+    from turborag.rag.chunker import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP, Chunker
+    from turborag.rag.embed import Embedder
+    from turborag.rag.ingest import Ingestor
+    from turborag.rag.ray_precompute import connect
+
+    counts = sorted(set(int_list(workers, "--workers")))
+    if min(counts) < 1:
+        fail("--workers: counts must be at least 1")
+    corpus = write_corpus(turborag_home() / "bench-ingest-corpus", docs)
+    embedder = Embedder()
+    rows = []
+    for n in [0, *counts]:  # 0 = a local ingest, no Ray
+        root = turborag_home() / f"bench-ingest-store-{n}"
+        shutil.rmtree(root, ignore_errors=True)
+        catalog = open_catalog(root, create=True)
+        engine = load_engine(
+            catalog, model, device, None, ingest=True, dtype=dtype,
+            chunk_tokens=DEFAULT_CHUNK_TOKENS, chunk_overlap=DEFAULT_OVERLAP,
+        )  # fmt: skip
+        remote = None
+        if n:
+            connect(ray, max(counts))  # one Ray instance for every count: as many CPUs as the most workers
+            remote = _ray_remote(engine, catalog, ray, n)
+        chunker = Chunker(engine.lm.tokenizer, DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP)
+        res = Ingestor(engine, catalog, embedder, chunker, remote=remote).run([corpus])
+        rows.append(
+            {
+                "workers": n or "local",
+                "chunks": res.chunks,
+                "tokens": res.tokens,
+                "seconds": res.seconds,
+                "tokens_per_s": res.tokens / res.seconds if res.seconds else 0.0,
+            }
+        )
+        del engine
+    if as_json:
+        typer.echo(json.dumps({"model": model, "docs": docs, "rows": rows}))
+        return
+    table = Table(title=f"ingest of {docs} documents: local vs Ray workers ({model})")
+    for col in ("workers", "chunks", "tokens", "seconds", "tokens/s"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(
+            str(r["workers"]),
+            str(r["chunks"]),
+            str(r["tokens"]),
+            f"{r['seconds']:.1f}",
+            f"{r['tokens_per_s']:.0f}",
+        )
+    stdout().print(table)
+    stdout().print(
+        "Each row is a fresh store; Ray rows include starting the actors and loading a model in each."
+    )
