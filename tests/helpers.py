@@ -76,3 +76,18 @@ def cli_json(result) -> dict:
 
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def ingest_collections(store: Path, home: Path, texts: dict[str, str], model: str) -> None:
+    """One Markdown document per collection (`{name: text}`), each ingested with `--collection name`."""
+    from typer.testing import CliRunner
+
+    from turborag.cli import app
+
+    for name, text in texts.items():
+        folder = home / name
+        folder.mkdir()
+        (folder / f"{name}.md").write_text(text)
+        args = ["ingest", str(folder), "--store", str(store), "--collection", name, "--model", model]
+        r = CliRunner().invoke(app, [*args, "--chunk-tokens", "64"])
+        assert r.exit_code == 0, r.output

@@ -85,28 +85,25 @@ def _together(engine: Engine, reqs: list[dict], max_batch: int) -> tuple[list, l
     waiting = sorted(range(len(reqs)), key=lambda i: reqs[i]["join"])
     running: list[tuple[int, object]] = []
     it = widest = 0
+
+    def pick(i: int, seq) -> bool:
+        """Record the logits request i picks from, pick; True (its tokens kept) once it has finished."""
+        _trace(seq, logits[i])
+        seq.advance()
+        if seq.finished:
+            tokens[i] = list(seq.stream.ids)
+        return seq.finished
+
     while waiting or running:
         while waiting and reqs[waiting[0]]["join"] <= it and len(running) < max_batch:
             i = waiting.pop(0)
             seq = _begin(engine, reqs[i])
-            _trace(seq, logits[i])
-            seq.advance()
-            if seq.finished:
-                tokens[i] = list(seq.stream.ids)
-            else:
+            if not pick(i, seq):
                 running.append((i, seq))
         if running:
             widest = max(widest, len(running))
             batch.step([s for _, s in running])
-            still = []
-            for i, seq in running:
-                _trace(seq, logits[i])
-                seq.advance()
-                if seq.finished:
-                    tokens[i] = list(seq.stream.ids)
-                else:
-                    still.append((i, seq))
-            running = still
+            running = [(i, seq) for i, seq in running if not pick(i, seq)]
         it += 1
     return logits, tokens, widest
 

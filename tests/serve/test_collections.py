@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from typer.testing import CliRunner
+from helpers import ingest_collections
 
 from turborag.bench.serve import ServedApp
-from turborag.cli import app
 from turborag.cli.serve import serve_backend
 from turborag.serve import create_app
 from turborag.store.catalog import Catalog
@@ -26,16 +25,8 @@ def served(tmp_path_factory, tiny_model_dir):
     mp = pytest.MonkeyPatch()
     mp.setenv("TURBORAG_HOME", str(home))
     store = home / "store"
-    for name, text in (("red", RED), ("blue", BLUE)):
-        folder = home / name
-        folder.mkdir()
-        (folder / f"{name}.md").write_text(f"# Lighthouse\n\n{text}\n")
-        r = CliRunner().invoke(
-            app,
-            ["ingest", str(folder), "--store", str(store), "--collection", name, "--model", tiny_model_dir]
-            + ["--chunk-tokens", "64"],
-        )
-        assert r.exit_code == 0, r.output
+    texts = {name: f"# Lighthouse\n\n{text}\n" for name, text in (("red", RED), ("blue", BLUE))}
+    ingest_collections(store, home, texts, tiny_model_dir)
     backend = serve_backend(store, None, "cpu", 4)
     bodies: list[str] = []
 

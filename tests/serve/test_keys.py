@@ -7,6 +7,7 @@ import json
 
 import httpx
 import pytest
+from helpers import ingest_collections
 from typer.testing import CliRunner
 
 from turborag.bench.serve import ServedApp
@@ -30,16 +31,8 @@ def served(tmp_path_factory, tiny_model_dir):
     mp = pytest.MonkeyPatch()
     mp.setenv("TURBORAG_HOME", str(home))
     store = home / "store"
-    for name in ("red", "blue"):
-        folder = home / name
-        folder.mkdir()
-        (folder / f"{name}.md").write_text(f"# {name}\n\nThe {name} tower stands on the {name} hill.\n")
-        r = CliRunner().invoke(
-            app,
-            ["ingest", str(folder), "--store", str(store), "-c", name, "--model", tiny_model_dir]
-            + ["--chunk-tokens", "64"],
-        )
-        assert r.exit_code == 0, r.output
+    texts = {n: f"# {n}\n\nThe {n} tower stands on the {n} hill.\n" for n in ("red", "blue")}
+    ingest_collections(store, home, texts, tiny_model_dir)
     keys_file = home / "keys.jsonl"
     keys = {
         "red": add_key(keys_file, "red-team", "--read", "red", "--write", "red"),
