@@ -215,3 +215,36 @@ def test_full_fine_tuning_refuses_bf16_weights(tmp_path, tiny_model_dir):
     cfg = _cfg(tmp_path, model=tiny_model_dir, lora=False, steps=1)
     with pytest.raises(ValueError, match="fp32"):
         finetune(load_model(tiny_model_dir, dtype="bfloat16"), cfg, progress=False)
+
+
+def test_init_adapter_starts_a_second_stage_from_the_first(tmp_path, tiny_model_dir):
+    """--init-adapter: the wrapped model starts with the saved adapter's weights (not zero-initialised B),
+    and an adapter of another rank or a folder that is not one is refused with a clear error."""
+    from safetensors.torch import load_file
+
+    from turborag.core.model import load_model
+    from turborag.train.finetune import _trainable, prepare_model
+
+    first = _cfg(tmp_path, model=tiny_model_dir, steps=3)
+    finetune(load_model(tiny_model_dir, dtype="float32"), first, progress=False)
+    saved = load_file(tmp_path / "out" / "adapter" / "adapter_model.safetensors")
+    assert any(w.abs().sum() > 0 for k, w in saved.items() if "lora_B" in k)  # stage one really trained
+
+    second = _cfg(
+        tmp_path,
+        model=tiny_model_dir,
+        out=str(tmp_path / "out2"),
+        init_adapter=str(tmp_path / "out" / "adapter"),
+    )
+    model = prepare_model(load_model(tiny_model_dir, dtype="float32"), second)
+    trainable = {k.replace(".default", ""): p for k, p in _trainable(model).items()}
+    assert set(trainable) == set(saved)
+    assert all(torch.equal(trainable[k].detach(), w) for k, w in saved.items())
+
+    with pytest.raises(ValueError, match="rank 8, not 4"):
+        prepare_model(
+            load_model(tiny_model_dir, dtype="float32"),
+            _cfg(tmp_path, rank=4, init_adapter=second.init_adapter),
+        )
+    with pytest.raises(ValueError, match="not a LoRA adapter"):
+        prepare_model(load_model(tiny_model_dir, dtype="float32"), _cfg(tmp_path, init_adapter=str(tmp_path)))

@@ -85,7 +85,8 @@ def mix_cmd(
     out: Path = typer.Option(..., "--out", help="output JSONL (the training mix)"),
     eval_dir: Path = typer.Option(
         None,
-        help="also write the held-out sets here: realtext-eval.jsonl and unanswerable-eval.jsonl "
+        help="also write the held-out sets here: realtext-eval.jsonl, unanswerable-eval.jsonl and the same "
+        "two in documentation layout, realtext-doc-eval.jsonl and unanswerable-doc-eval.jsonl "
         "(150 questions, 5 passages each)",
     ),
     unanswerable: float = typer.Option(
@@ -93,6 +94,13 @@ def mix_cmd(
     ),
     synth_answers: str = typer.Option(
         "value", help="target of a synthetic question: the bare value, or the whole fact sentence"
+    ),
+    doc_style: float = typer.Option(
+        0.5,
+        min=0.0,
+        max=1.0,
+        help="share of real-text questions whose passages are laid out as documentation pages "
+        "(title, paragraphs, wrapped lines); 0 gives the mix made before this option existed",
     ),
 ) -> None:
     """The cache-aware fine-tune's training mix: hard synthetic and stdlib text half each, plus a share of
@@ -104,7 +112,7 @@ def mix_cmd(
 
     if synth_answers not in ("value", "sentence"):
         fail(f"--synth-answers must be value or sentence, got {synth_answers!r}")
-    records = build_mix(n, seed, unanswerable, synth_answers)
+    records = build_mix(n, seed, unanswerable, synth_answers, doc_style)
     write_jsonl(records, out)
     typer.echo(f"wrote {len(records)} training questions to {out}", err=True)
     if eval_dir is not None:

@@ -26,6 +26,10 @@ def finetune(
     keep_every: int = typer.Option(
         0, min=0, help="also keep the adapter every N steps under OUT/snapshots/ (for a learning curve)"
     ),
+    init_adapter: Path = typer.Option(
+        None, "--init-adapter", help="start from this LoRA adapter (a second stage on another mix)"
+    ),
+    warmup: int = typer.Option(20, min=0, help="learning-rate warm-up steps"),
     device: str = DeviceOpt,
     dtype: str = typer.Option(
         "auto",
@@ -42,6 +46,8 @@ def finetune(
 
     if not data.is_file():
         fail(f"no such file: {data}")
+    if init_adapter is not None and not lora:
+        fail("--init-adapter continues a LoRA adapter: it does not go with --full")
     if positions not in ("reordered", "composite"):
         fail(f"unknown positions {positions!r}: use reordered or composite")
     if dtype not in ("auto", "float32", "bfloat16"):
@@ -69,6 +75,8 @@ def finetune(
         template=template,
         dtype=dtype_name(torch_dtype),
         keep_every=keep_every,
+        init_adapter=str(init_adapter) if init_adapter else None,
+        warmup=warmup,
     )
     try:
         lm = load_model(model, device, torch_dtype)

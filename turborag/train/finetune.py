@@ -66,6 +66,7 @@ class TrainConfig:
     max_passage_tokens: int = 256  # longer passages are truncated (keeps step time bounded)
     dtype: str = "float32"  # compute dtype of the frozen base weights (LoRA weights stay fp32)
     keep_every: int = 0  # also keep the adapter every N steps under snapshots/ (for a learning curve)
+    init_adapter: str | None = None  # start from this LoRA adapter's weights instead of zero (a second stage)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -225,8 +226,29 @@ def prepare_model(lm: LoadedModel, cfg: TrainConfig) -> torch.nn.Module:
         r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=0.0, target_modules=LORA_TARGETS, task_type="CAUSAL_LM"
     )
     model = get_peft_model(model, lcfg, autocast_adapter_dtype=True)
+    if cfg.init_adapter:
+        load_adapter_weights(model, Path(cfg.init_adapter), cfg.rank)
     assert all(p.dtype == torch.float32 for p in _trainable(model).values())
     return model
+
+
+def load_adapter_weights(model, adapter: Path, rank: int) -> None:
+    """Copy a saved LoRA adapter's weights into a freshly wrapped model, so a second training stage
+    continues from the first (a stage on a corrected mix costs far fewer steps than a run from zero)."""
+    from peft import set_peft_model_state_dict
+
+    config = adapter / "adapter_config.json"
+    if not config.is_file():
+        raise ValueError(f"--init-adapter {adapter}: not a LoRA adapter folder (no adapter_config.json)")
+    saved_rank = json.loads(config.read_text()).get("r")
+    if saved_rank != rank:
+        raise ValueError(
+            f"--init-adapter {adapter} has LoRA rank {saved_rank}, not {rank}: pass --rank {saved_rank}"
+        )
+    result = set_peft_model_state_dict(model, load_file(str(adapter / "adapter_model.safetensors")))
+    missing = [k for k in result.missing_keys if "lora_" in k]
+    if missing:
+        raise ValueError(f"--init-adapter {adapter} lacks {len(missing)} LoRA weights, e.g. {missing[0]}")
 
 
 def finetune(lm: LoadedModel, cfg: TrainConfig, progress: bool = True) -> Path:
@@ -244,10 +266,12 @@ def finetune(lm: LoadedModel, cfg: TrainConfig, progress: bool = True) -> Path:
     if start:
         log.warning("resuming from step %d", start)
 
+    warmup = cfg.warmup
+
     def lr_at(step: int) -> float:  # linear warm-up, cosine decay to 10%
-        if step < cfg.warmup:
-            return cfg.lr * (step + 1) / cfg.warmup
-        frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+        if step < warmup:
+            return cfg.lr * (step + 1) / warmup
+        frac = (step - warmup) / max(1, cfg.steps - warmup)
         return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
     bar = tqdm(total=cfg.steps, initial=start, desc="finetune", unit="step", disable=not progress)

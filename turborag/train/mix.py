@@ -11,7 +11,11 @@ its own kind of question but left three gaps, each closed here by a part of the 
 - real text and natural answers: the standard library's documentation (realtext.py, train split) with a
   sentence as every target, so the model stops answering in one word;
 - abstention: by default 15% of the questions have no answering passage (half synthetic, half real text)
-  and the target "The passages do not say.", so the model learns not to take a look-alike's value.
+  and the target "The passages do not say.", so the model learns not to take a look-alike's value;
+- documentation layout: by default half the real-text records are re-rendered as documentation pages
+  (docstyle.py: a title, paragraphs, lines wrapped at 70 columns, questions without backticks), answerable
+  and unanswerable alike, so that the layout of a passage is no cue for abstaining.  Without it the second
+  fine-tune abstained on every demo question, whose passages are wrapped Markdown.
 
 Synthetic targets are the bare value by default (`synth_answers="value"`).  The first long run trained on
 the fact sentence instead (`"sentence"`): on held-out domains that model often answered with another
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import random
 
+from turborag.train.docstyle import as_document
 from turborag.train.realtext import generate_realtext
 from turborag.train.synth import DOMAINS, generate
 
@@ -36,6 +41,7 @@ HELD_OUT_DOMAINS: tuple[str, ...] = ("film", "astronomy")
 TRAIN_DOMAINS: tuple[str, ...] = tuple(d for d in DOMAINS if d not in HELD_OUT_DOMAINS)
 
 UNANSWERABLE_SHARE = 0.15  # half synthetic, half real text; the answerable rest is half each
+DOC_STYLE = 0.5  # share of real-text records rendered as documentation pages
 SYNTH_ANSWERS = ("value", "sentence")
 LONG_SHARE = 0.6
 LONG_CONTEXTS = (8, 32)
@@ -53,16 +59,20 @@ def _synth(record: dict) -> dict:
     return {**record, "source": f"synth:{record['domain']}", "kind": "fact"}
 
 
-def _one(part: str, contexts: int, seed: int, synth_answers: str) -> dict:
-    """One record of a part of the mix, from its own seed (so each record can be rebuilt alone)."""
+def _one(part: str, contexts: int, seed: int, synth_answers: str, doc_style: float = 0.0) -> dict:
+    """One record of a part of the mix, from its own seed (so each record can be rebuilt alone).
+
+    The documentation layout is drawn from a generator of its own seeded by the record's, so a mix made
+    with doc_style=0 is exactly the mix of earlier versions."""
     if part == "synth":
         sentences = synth_answers == "sentence"
         return _synth(generate(1, contexts, seed, TRAIN_DOMAINS, hard=True, sentence_answers=sentences)[0])
     if part == "synth-unanswerable":
         return _synth(generate(1, contexts, seed, TRAIN_DOMAINS, hard=True, unanswerable=1.0)[0])
-    if part == "realtext":
-        return generate_realtext(1, contexts, seed, split="train")[0]
-    return generate_realtext(1, contexts, seed, split="train", unanswerable=1.0)[0]
+    unanswerable = 0.0 if part == "realtext" else 1.0
+    record = generate_realtext(1, contexts, seed, split="train", unanswerable=unanswerable)[0]
+    style = random.Random(seed ^ 0xD0C5)
+    return as_document(record, style) if style.random() < doc_style else record
 
 
 def build_mix(
@@ -70,11 +80,13 @@ def build_mix(
     seed: int = 0,
     unanswerable: float = UNANSWERABLE_SHARE,
     synth_answers: str = "value",
+    doc_style: float = 0.0,
 ) -> list[dict]:
     """n training records in a random order: a share `unanswerable` without an answering passage (half
     synthetic, half real text), the rest half hard synthetic (training domains; targets the value, or the
     fact sentence with synth_answers="sentence") and half stdlib real text (train split, sentence targets);
-    passage counts from `passage_count`.
+    passage counts from `passage_count`; a share `doc_style` of the real-text records in documentation
+    layout (docstyle.py).
 
     The shares are exact counts (rounded); every record has question, answers (target first), contexts,
     answer_index (None when unanswerable), answerable, source and kind.  Building 4000 takes seconds.
@@ -85,6 +97,8 @@ def build_mix(
         raise ValueError(f"unanswerable must be a share in [0, 1], got {unanswerable}")
     if synth_answers not in SYNTH_ANSWERS:
         raise ValueError(f"synth_answers must be one of {', '.join(SYNTH_ANSWERS)}, got {synth_answers!r}")
+    if not 0.0 <= doc_style <= 1.0:
+        raise ValueError(f"doc_style must be a share in [0, 1], got {doc_style}")
     n_unanswerable = round(n * unanswerable)
     n_synth = (n - n_unanswerable + 1) // 2
     n_realtext = n - n_unanswerable - n_synth
@@ -99,7 +113,7 @@ def build_mix(
     records = []
     for part in plan:
         contexts = passage_count(rng)
-        records.append(_one(part, contexts, rng.getrandbits(63), synth_answers))
+        records.append(_one(part, contexts, rng.getrandbits(63), synth_answers, doc_style))
     return records
 
 
@@ -110,8 +124,10 @@ def build_eval_sets(n: int = 150, contexts: int = 5, seed: int = 0) -> dict[str,
     - "unanswerable": half hard synthetic questions from the held-out domains (film, astronomy) and half
       eval-split real text, all without an answering passage, in a random order.
 
-    Run `turborag eval` on the first for accuracy and false abstentions, on the second for the abstention
-    rate.
+    - "realtext-doc" and "unanswerable-doc": the same two sets in documentation layout (docstyle.py).
+
+    Run `turborag eval` on the realtext sets for accuracy and false abstentions, on the unanswerable sets
+    for the abstention rate.
     """
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
@@ -133,4 +149,12 @@ def build_eval_sets(n: int = 150, contexts: int = 5, seed: int = 0) -> dict[str,
     real = generate_realtext(n - n_synth, contexts, rng.getrandbits(63), split="eval", unanswerable=1.0)
     unanswerable = synth + real
     rng.shuffle(unanswerable)
-    return {"realtext": realtext, "unanswerable": unanswerable}
+    style = random.Random(seed ^ 0xD0C5)
+    return {
+        "realtext": realtext,
+        "unanswerable": unanswerable,
+        "realtext-doc": [as_document(r, style) for r in realtext],
+        "unanswerable-doc": [
+            as_document(r, style) if r["source"].startswith("stdlib") else r for r in unanswerable
+        ],
+    }
