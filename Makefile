@@ -24,6 +24,6 @@ test-real: setup
 	$(BIN)/python -m pytest -q -m real_model
 
 lint: setup
-	$(BIN)/ruff check turborag tests scripts
+	$(BIN)/ruff check turborag tests scripts examples
 
 .PHONY: setup demo test test-real lint

@@ -67,11 +67,23 @@ def eval_cmd(
     max_new_tokens: int = typer.Option(32, min=1),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     predictions: Path = typer.Option(None, help="also write every answer to this JSONL file"),
+    plot: Path = typer.Option(
+        None,
+        "--plot",
+        help="also draw accuracy and TTFT per mode (grouped per model) as a PNG to this file (needs "
+        "matplotlib: the `plot` extra)",
+    ),
 ) -> None:
     """Accuracy and TTFT of every mode on the same questions and passages."""
+    from turborag.bench.plots import PlotUnavailable, plot_eval, require
     from turborag.eval.evaluate import load_examples, run_eval
 
     mode_list = parse_modes(modes)
+    if plot is not None:
+        try:
+            require()  # before the eval, not after it
+        except PlotUnavailable as e:
+            fail(str(e))
     cache_dtype = parse_cache_format(cache_format)
     if not data.is_file():
         fail(f"no such file: {data}")
@@ -90,18 +102,21 @@ def eval_cmd(
     if predictions:
         predictions.write_text("".join(json.dumps(p) + "\n" for p in preds))
     abstentions = _abstentions_apply(examples, results)
+    out = {
+        "modes": {m: _row(r, abstentions) for m, r in results.items()},
+        "model": model,
+        "skipped_lines": len(problems),
+    }
     if as_json:
-        typer.echo(
-            json.dumps(
-                {
-                    "modes": {m: _row(r, abstentions) for m, r in results.items()},
-                    "model": model,
-                    "skipped_lines": len(problems),
-                }
-            )
-        )
-        return
-    _print_table(f"{data.name}: {len(examples)} questions, model {model}", results, abstentions)
+        typer.echo(json.dumps(out))
+    else:
+        _print_table(f"{data.name}: {len(examples)} questions, model {model}", results, abstentions)
+    if plot is not None:  # after the results, so that a plot that cannot be written loses none
+        try:
+            plot_eval(out, plot)
+        except OSError as e:
+            fail(f"could not write the plot {plot}: {e.strerror or e}", code=1)
+        typer.echo(f"plot: {plot}", err=True)
 
 
 _ABSTAIN_KEYS = ("abstain_rate", "false_abstain_rate")

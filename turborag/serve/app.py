@@ -14,6 +14,7 @@ assemble caches, prefill the question, decode) -> tokens back to the handler -> 
 - `GET /v1/collections`, `POST /v1/collections`, `DELETE /v1/collections/{name}`.
 - Keys (access.py): each may read some collections and write some; outside its scope a request gets 403.
 - `GET /health`, `GET /metrics` (Prometheus text format).
+- `GET /`: a web page (page_routes.py, static/) to upload documents, ask and compare full with turbo.
 
 Errors use OpenAI's body `{"error": {"message", "type", "param", "code"}}` and never carry a stack trace,
 routing's own included: a wrong path is a 404 listing the endpoints, a wrong method a 405 with `Allow`.
@@ -29,7 +30,13 @@ from fastapi import FastAPI
 from starlette.exceptions import HTTPException
 
 from turborag.core.defaults import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_BUDGET
-from turborag.serve import collections_routes, documents_routes, monitoring_routes, openai_routes
+from turborag.serve import (
+    collections_routes,
+    documents_routes,
+    monitoring_routes,
+    openai_routes,
+    page_routes,
+)
 from turborag.serve.access import Access
 from turborag.serve.errors import APIError, api_error_handler, guard, http_error_handler
 from turborag.serve.schemas import MAX_BODY_BYTES
@@ -65,6 +72,7 @@ def create_app(
         monitoring_routes,
         documents_routes,
         collections_routes,
+        page_routes,  # the web page at `/` (not in the OpenAPI paths)
     ):  # the order of the OpenAPI paths
         app.include_router(routes.router)
     return app

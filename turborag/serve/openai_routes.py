@@ -61,7 +61,8 @@ async def answer_from_passages(state: ServerState, req: ChatRequest, question: s
             hits = backend.retriever.search(question, opts.top_k, opts.collection)
             hits, _dropped = fit_passages(engine, question, hits, params.max_new_tokens)
             passages = [h.text for h in hits]
-            chunk_refs.extend(backend.retriever.chunk_ref(h) for h in hits)
+            # with each chunk's text, so that a client (the web page) can show what the answer read
+            chunk_refs.extend({**backend.retriever.chunk_ref(h), "text": h.text} for h in hits)
         return engine.begin(question, passages, opts.mode, params)
 
     started = await state.start(begin=begin)
