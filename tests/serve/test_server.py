@@ -164,6 +164,18 @@ def test_documents_added_and_removed_change_retrieval(served):
                 {
                     "model": "turborag",
                     "messages": [{"role": "user", "content": "x"}],
+                    "max_tokens": 4,
+                    "min_tokens": 5,
+                }
+            ).encode(),
+            400,
+            "invalid_value",
+        ),
+        (
+            json.dumps(
+                {
+                    "model": "turborag",
+                    "messages": [{"role": "user", "content": "x"}],
                     "turborag": {"top_k": 1000},
                 }
             ).encode(),
@@ -318,3 +330,21 @@ def test_bench_serve_small(tiny_model_dir, tmp_path, monkeypatch):
     reuse = [x["cached_tokens"] for x in rows if x["reuse"]]
     assert reuse[0] == 0 and all(c >= 192 for c in reuse[1:])  # the system prompt's blocks are reused
     assert all(x["cached_tokens"] == 0 for x in rows if not x["reuse"])
+
+
+def test_bench_serve_fixed_answer_length(tiny_model_dir, tmp_path, monkeypatch):
+    """--min-tokens = --max-tokens: every answer of both loads is exactly that long (min_tokens reaches the
+    engine through the request), so tokens/s compares the same work at both batch widths."""
+    monkeypatch.setenv("TURBORAG_HOME", str(tmp_path))
+    args = ["bench", "serve", "--model", tiny_model_dir, "--clients", "3", "--rounds", "1", "--steps", "2"]
+    args += ["--system-tokens", "100", "--max-tokens", "6", "--min-tokens", "6", "--json"]
+    r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    for load in (out["load"], out["load_max_batch_1"]):
+        assert load["errors"] == 0 and load["min_tokens"] == 6
+        assert round(load["tokens_per_s"] * load["seconds"]) == 3 * 6
+    bad = CliRunner().invoke(
+        app, ["bench", "serve", "--model", tiny_model_dir, "--max-tokens", "4", "--min-tokens", "5"]
+    )
+    assert bad.exit_code == 2 and "more than --max-tokens" in bad.output

@@ -101,8 +101,10 @@ def bench_load(
     max_tokens: int = 64,
     passages: int = 5,
     max_batch: int = DEFAULT_MAX_BATCH,
+    min_tokens: int = 0,
 ) -> dict:
-    """`clients` threads each stream `rounds` chat requests at a server decoding up to `max_batch` at once."""
+    """`clients` threads each stream `rounds` chat requests at a server decoding up to `max_batch` at once;
+    with `min_tokens`, no answer ends before that many tokens (vLLM's request field of that name)."""
     text = doc_text()
     contexts = [text[i * 600 : (i + 1) * 600] for i in range(passages)]
     app = create_app(backend, max_queue=max(64, clients * 2), max_batch=max_batch)
@@ -130,7 +132,7 @@ def bench_load(
                             model="turborag",
                             messages=msg,
                             max_tokens=max_tokens,
-                            extra_body={"turborag": {"contexts": contexts}},
+                            extra_body={"turborag": {"contexts": contexts}, "min_tokens": min_tokens},
                         )
                     )
                 except Exception as e:  # counted, not raised: the bench reports errors
@@ -148,6 +150,7 @@ def bench_load(
         "clients": clients,
         "max_batch": max_batch,
         "max_tokens": max_tokens,
+        "min_tokens": min_tokens,
         "requests": len(results),
         "errors": len(results) - len(ok),
         "seconds": wall,

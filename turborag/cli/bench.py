@@ -25,6 +25,32 @@ from turborag.core.defaults import DEFAULT_MAX_BATCH, DEFAULT_MODEL, turborag_ho
 
 app = typer.Typer(help="Benchmarks (ratios measured side by side in one run).", no_args_is_help=True)
 
+PlotOpt = typer.Option(
+    None, "--plot", help="also draw the results as a PNG to this file (needs matplotlib: the `plot` extra)"
+)
+
+
+def check_plot(plot: Path | None) -> None:
+    """Fail before measuring anything if --plot is asked for and matplotlib is missing."""
+    if plot is not None:
+        from turborag.bench.plots import PlotUnavailable, require
+
+        try:
+            require()
+        except PlotUnavailable as e:
+            fail(str(e))
+
+
+def write_plot(plot: Path | None, draw, result: dict) -> None:
+    """Draw `result` (the command's JSON object) with `draw` into the file `plot`, if one was given. Called
+    after the results are printed, so that a plot that cannot be written loses no measurement."""
+    if plot is not None:
+        try:
+            draw(result, plot)
+        except OSError as e:
+            fail(f"could not write the plot {plot}: {e.strerror or e}", code=1)
+        console.print(f"plot: {plot}")
+
 
 @app.command("ttft")
 def bench_ttft_cmd(
@@ -37,12 +63,15 @@ def bench_ttft_cmd(
     dtype: str = DtypeOpt,
     store: Path = typer.Option(None, help="cache store (default: $TURBORAG_HOME/bench-store)"),
     as_json: bool = typer.Option(False, "--json"),
+    plot: Path = PlotOpt,
 ) -> None:
     """Full vs turbo TTFT per context size, alternating in one run; precompute throughput; bytes/token."""
     from turborag.bench.engine import bench_ttft, rows_as_dicts
+    from turborag.bench.plots import plot_ttft
     from turborag.core.model import bytes_per_token
 
     sizes = int_list(context_tokens, "--context-tokens")
+    check_plot(plot)
     engine = engine_for(model, device, store or turborag_home() / "bench-store", template, dtype)
     if max(sizes) + 512 > engine.lm.max_positions:
         fail(f"context of {max(sizes)} tokens does not fit the model's window of {engine.lm.max_positions}")
@@ -57,8 +86,10 @@ def bench_ttft_cmd(
         "repeats": repeats,
         "kv_bytes_per_token": bytes_per_token(engine.lm.model, engine.store.torch_dtype),
     }
+    result = {**info, "rows": rows_as_dicts(rows)}
     if as_json:
-        typer.echo(json.dumps({**info, "rows": rows_as_dicts(rows)}))
+        typer.echo(json.dumps(result))
+        write_plot(plot, plot_ttft, result)
         return
     table = Table(title=f"TTFT, {model} on {info['device']} ({info['dtype']}), median of {repeats}")
     for col in (
@@ -91,6 +122,7 @@ def bench_ttft_cmd(
         "Turbo TTFT includes reading caches from the store; floor = question prefill + first token against "
         "the context already assembled; precompute is offline."
     )
+    write_plot(plot, plot_ttft, result)
 
 
 @app.command("store")
@@ -181,6 +213,13 @@ def bench_serve_cmd(
     clients: int = typer.Option(32, min=1, max=256, help="concurrent streaming clients (load test)"),
     rounds: int = typer.Option(2, min=1, max=20, help="requests per client"),
     max_tokens: int = typer.Option(64, min=1, max=4096, help="max_tokens of each load request"),
+    min_tokens: int = typer.Option(
+        0,
+        min=0,
+        max=4096,
+        help="min_tokens of each load request: answers of a fixed length (set it to --max-tokens), as "
+        "serving benchmarks do to measure decoding; 0 = the model's own answer lengths",
+    ),
     max_batch: int = typer.Option(
         DEFAULT_MAX_BATCH, min=2, help="continuous batching width, measured against --max-batch 1"
     ),
@@ -190,15 +229,20 @@ def bench_serve_cmd(
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
     as_json: bool = typer.Option(False, "--json"),
+    plot: Path = PlotOpt,
 ) -> None:
     """HTTP server under concurrent streaming load, one request at a time vs continuous batching (one run),
     and prompt caching on an agent-style conversation."""
+    from turborag.bench.plots import plot_serve
     from turborag.bench.serve import bench_agent, bench_load
     from turborag.cli.serve import serve_backend
 
+    check_plot(plot)
+    if min_tokens > max_tokens:
+        fail(f"--min-tokens {min_tokens} is more than --max-tokens {max_tokens}")
     backend = serve_backend(None, model, device, 8, use_store=False, dtype=dtype)
-    alone = bench_load(backend, clients, rounds, max_tokens, max_batch=1)
-    load = bench_load(backend, clients, rounds, max_tokens, max_batch=max_batch)
+    alone = bench_load(backend, clients, rounds, max_tokens, max_batch=1, min_tokens=min_tokens)
+    load = bench_load(backend, clients, rounds, max_tokens, max_batch=max_batch, min_tokens=min_tokens)
     agent = bench_agent(backend, steps, system_tokens)
     ratios = {
         name: (load[key] / alone[key] if alone[key] else None)
@@ -208,11 +252,16 @@ def bench_serve_cmd(
             ("ttft_p99", "ttft_p99_s"),
         )
     }
+    out = {"model": model, "device": device, "load": load, "load_max_batch_1": alone, "ratios": ratios}
+    out["agent"] = agent  # last, as before
     if as_json:
-        out = {"model": model, "device": device, "load": load, "load_max_batch_1": alone, "ratios": ratios}
-        typer.echo(json.dumps({**out, "agent": agent}))
+        typer.echo(json.dumps(out))
+        write_plot(plot, plot_serve, out)
         return
-    t = Table(title=f"load: {clients} concurrent streaming clients x {rounds}, {model} on {device}")
+    length = (
+        f"answers of {min_tokens}-{max_tokens} tokens" if min_tokens else f"answers up to {max_tokens} tokens"
+    )
+    t = Table(title=f"load: {clients} concurrent streaming clients x {rounds}, {length}, {model} on {device}")
     columns = ["max batch", "requests", "errors", "requests/s", "tokens/s", "TTFT p50 (s)", "TTFT p99 (s)"]
     for col in [*columns, "ITL p50 (s)", "ITL p99 (s)", "queue after"]:
         t.add_column(col, justify="right")
@@ -251,6 +300,7 @@ def bench_serve_cmd(
             f"{b['ttft_s'] / a['ttft_s']:.1f}x",
         )
     stdout().print(t)
+    write_plot(plot, plot_serve, out)
 
 
 @app.command("ask")

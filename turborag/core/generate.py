@@ -27,10 +27,15 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     stop_at_newline: bool = False
+    # end-of-turn tokens and stop strings are ignored until this many tokens are generated (vLLM's
+    # `min_tokens`): a benchmark uses it to measure decoding at a fixed answer length
+    min_tokens: int = 0
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
+        if not 0 <= self.min_tokens <= self.max_new_tokens:
+            raise ValueError("min_tokens must be in 0..max_new_tokens")
         if self.temperature < 0:
             raise ValueError("temperature must be >= 0")
         if not 0 < self.top_p <= 1:
@@ -87,6 +92,8 @@ class TextStream:
     def __init__(self, tokenizer, params: SamplingParams):
         self.tokenizer = tokenizer
         self.stops = list(params.stop) + (["\n"] if params.stop_at_newline else [])
+        self.min_tokens = params.min_tokens
+        self.free = 0  # characters decoded before min_tokens was reached
         self.ids: list[int] = []
         self.emitted = 0  # characters of the decoded text handed out (or, if leading whitespace, skipped)
         self.text = ""
@@ -98,9 +105,13 @@ class TextStream:
         text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
         if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the next token
             return ""
-        for s in self.stops:
+        if len(self.ids) <= self.min_tokens:
+            self.free = len(text)  # the first min_tokens tokens' text: no stop string counts in it
+        stops = self.stops if len(self.ids) > self.min_tokens else []
+        for s in stops:
             # a newline stops the answer only once the answer has started: leading newlines are skipped
             start = len(text) - len(text.lstrip()) if s == "\n" else max(0, self.emitted - len(s))
+            start = max(start, self.free - len(s) + 1)  # a stop must end after the min_tokens text
             at = text.find(s, start)
             if at != -1:
                 self.stopped = True
@@ -108,7 +119,7 @@ class TextStream:
                 break
         safe = len(text)
         if not self.stopped:
-            for s in self.stops:  # hold back a suffix that is a prefix of a stop string
+            for s in stops:  # hold back a suffix that is a prefix of a stop string
                 for n in range(min(len(s) - 1, len(text)), 0, -1):
                     if text.endswith(s[:n]):
                         safe = min(safe, len(text) - n)
@@ -185,7 +196,11 @@ class DecodeState:
     def advance(self) -> list:
         """Pick the next token: the text deltas it releases, then the Answer if the sequence has ended (EOS,
         a stop string, or max_new_tokens). Otherwise `token` is set, to be fed at `pos`."""
-        tok = pick(self.logits, self.params, self.generator)
+        logits = self.logits
+        if len(self.stream.ids) < self.params.min_tokens and self.stop_ids:
+            logits = logits.clone()
+            logits[list(self.stop_ids)] = float("-inf")  # not the end yet: the best other token
+        tok = pick(logits, self.params, self.generator)
         if self.ttft is None:
             self.ttft = time.perf_counter() - self.t0
         out: list = []

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from turborag.core.generate import SamplingParams
 
@@ -54,6 +54,7 @@ class SamplingFields(BaseModel):
     model: str
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
+    min_tokens: int = Field(0, ge=0, le=MAX_TOKENS_LIMIT)  # vLLM's extension: no end before this many tokens
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
@@ -61,12 +62,21 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
 
+    @model_validator(mode="after")
+    def _min_below_max(self):
+        limit = self.max_completion_tokens or self.max_tokens
+        if limit is not None and self.min_tokens > limit:
+            raise ValueError(f"min_tokens ({self.min_tokens}) is more than max_tokens ({limit})")
+        return self
+
     def params(self, default_max: int, newline_stop: bool = False) -> SamplingParams:
         """Sampling parameters for the engine; `max_completion_tokens` (OpenAI's newer name) wins over
         `max_tokens`, and the server's default applies when a client sends neither."""
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        max_new = self.max_completion_tokens or self.max_tokens or default_max
         return SamplingParams(
-            max_new_tokens=self.max_completion_tokens or self.max_tokens or default_max,
+            max_new_tokens=max_new,
+            min_tokens=min(self.min_tokens, max_new),  # an explicit max below it is refused (validator)
             temperature=self.temperature,
             top_p=self.top_p,
             seed=self.seed,
