@@ -21,11 +21,13 @@ caches nobody will find.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
 FAIL_ONCE_ENV = "TURBORAG_RAY_FAIL_ONCE"  # tests: a file path; the first actor to see it missing dies
+BATCH_DELAY_ENV = "TURBORAG_RAY_BATCH_DELAY"  # tests: seconds an actor waits after each batch it stored
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,7 @@ class CacheActor:
             raise RuntimeError("a worker derived other cache keys than the driver (different tokenizer?)")
         missing = [k not in self.engine.store for k in keys]
         self.engine.precompute([t for t, m in zip(texts, missing) if m])  # skips what another try stored
+        time.sleep(float(os.environ.get(BATCH_DELAY_ENV) or 0))  # tests: room to kill the driver mid-run
         return {
             "key": np.array(keys),
             "computed": np.array(missing),
@@ -103,7 +106,11 @@ def connect(address: str, workers: int) -> None:
 
     if ray.is_initialized():
         return
-    env = {"env_vars": {k: v for k, v in os.environ.items() if k in (FAIL_ONCE_ENV, "TURBORAG_HOME")}}
+    env = {
+        "env_vars": {
+            k: v for k, v in os.environ.items() if k in (FAIL_ONCE_ENV, BATCH_DELAY_ENV, "TURBORAG_HOME")
+        }
+    }
     if address == "local":
         ray.init(num_cpus=max(1, workers), include_dashboard=False, runtime_env=env, log_to_driver=False)
     else:
