@@ -52,15 +52,17 @@ def default_store() -> Path:
     return turborag_home() / "store"
 
 
-def open_catalog(store: Path | None, create: bool, collection: str | None = None) -> Catalog:
-    """The store's catalog, seen through `collection` (created with the store when `create`); one `error:`
-    line for a missing store or collection."""
+def open_catalog(
+    store: Path | None, create: bool, collection: str | None = None, read_only: bool = False
+) -> Catalog:
+    """The store's catalog, seen through `collection` (created with the store when `create`; opened with
+    SQLite's mode=ro when `read_only`); one `error:` line for a missing store or collection."""
     from turborag.store.catalog import DEFAULT_COLLECTION, Catalog, StoreError, check_collection_name
 
     try:
         if collection is not None:
             check_collection_name(collection)  # before a new store is made for it
-        catalog = Catalog(store or default_store(), create=create)
+        catalog = Catalog(store or default_store(), create=create, read_only=read_only)
         if collection is None or collection == DEFAULT_COLLECTION:
             return catalog
         return catalog.use(collection, create=create)

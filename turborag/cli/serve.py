@@ -52,6 +52,12 @@ def serve(
         min=1,
         help="prompt tokens prefilled between two decode steps (how long new requests may stall others)",
     ),
+    read_only: bool = typer.Option(
+        False,
+        "--read-only",
+        help="a replica: open the store's catalog read-only (SQLite mode=ro); uploads and deletes get 403, "
+        "new ingests by another process are still picked up",
+    ),
 ) -> None:
     """OpenAI-compatible HTTP server: /v1/chat/completions (retrieval + turbo), /v1/completions, documents."""
     import uvicorn
@@ -70,7 +76,11 @@ def serve(
         access = Access.from_file(keys.expanduser() if keys else None)
     except KeysError as e:
         fail(f"--keys: {e}")
-    backend = serve_backend(store, model, device, max_tokens, dtype=dtype, ram_cache_bytes=ram)
+    if read_only and store is None and not (default_store() / "catalog.sqlite").exists():
+        fail("--read-only serves a store: pass --store DIR (one that `turborag ingest` made)")
+    backend = serve_backend(
+        store, model, device, max_tokens, dtype=dtype, ram_cache_bytes=ram, read_only=read_only
+    )
     app = create_app(
         backend,
         api_key=api_key,
@@ -107,8 +117,10 @@ def serve_backend(
     use_store: bool = True,
     dtype: str | None = None,
     ram_cache_bytes: int = 0,
+    read_only: bool = False,
 ):
-    """What the server serves: the store's engine with retrieval and documents, or a bare engine."""
+    """What the server serves: the store's engine with retrieval and documents, or a bare engine; with
+    `read_only`, a replica that only reads the catalog."""
     from turborag.serve import Backend
     from turborag.serve.store_backend import StoreBackend
 
@@ -116,11 +128,11 @@ def serve_backend(
     if not use_store or (store is None and not (root / "catalog.sqlite").exists()):
         engine = engine_for(model or DEFAULT_MODEL, device, None, "auto", dtype or "auto")
         return Backend(engine, engine.lm.name, default_max_tokens=max_tokens)
-    catalog = open_catalog(root, create=False)
+    catalog = open_catalog(root, create=False, read_only=read_only)
     # refuses another model or dtype
     engine = load_engine(catalog, model, device, None, dtype=dtype, ram_cache_bytes=ram_cache_bytes)
     catalog.close()
-    docs = StoreBackend(root, engine)
+    docs = StoreBackend(root, engine, read_only=read_only)
     return Backend(
         engine,
         Path(engine.lm.name).name if "/" in engine.lm.name else engine.lm.name,

@@ -403,6 +403,8 @@ def refresh_index(catalog: Catalog) -> VectorIndex:
     rowids, blobs = catalog.embeddings()
     vectors = np.frombuffer(b"".join(blobs), np.float32).reshape(len(blobs), DIM)  # (N, 384)
     index = VectorIndex(np.array(rowids, np.int64), vectors)
+    if catalog.read_only:  # a replica: the ingesting process keeps the snapshot
+        return index
     try:
         index.save(path, gen)
     except OSError as e:

@@ -116,7 +116,16 @@ class ServerState:
             raise forbidden(f"this API key may not read collection {collection!r}")
 
     def may_write(self, request: Request, collection: str) -> None:
-        """403 unless the request's key may write `collection` (upload, delete, create, drop)."""
+        """403 unless the request's key may write `collection` (upload, delete, create, drop) and this server
+        is not a read-only replica."""
+        if getattr(self.backend.documents, "read_only", False):
+            raise APIError(
+                403,
+                "this server is a read-only replica (serve --read-only): add and remove documents through "
+                "`turborag ingest` or a server that owns the store",
+                "permission_error",
+                "read_only_replica",
+            )
         p = self.principal(request)
         if not p.can_write(collection):
             raise forbidden(f"this API key may not write collection {collection!r}")

@@ -31,9 +31,10 @@ def api_id(doc_id: str) -> str:
 class StoreBackend:
     """Retriever + documents over one store directory (already bound to the engine's model)."""
 
-    def __init__(self, root: str | Path, engine: Engine):
+    def __init__(self, root: str | Path, engine: Engine, read_only: bool = False):
         self.root = Path(root)
         self.engine = engine
+        self.read_only = read_only  # a replica (`serve --read-only`): the catalog opened with SQLite mode=ro
         self.uploads = self.root / "uploads"
         self._catalog = None
         self._embedder = None
@@ -44,7 +45,7 @@ class StoreBackend:
             from turborag.rag.embed import Embedder
             from turborag.store.catalog import Catalog
 
-            self._catalog = Catalog(self.root)
+            self._catalog = Catalog(self.root, read_only=self.read_only)
             self._embedder = Embedder()
         return self._catalog
 

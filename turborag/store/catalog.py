@@ -149,8 +149,11 @@ def _outermost_missing(path: Path) -> Path | None:
 
 
 class Catalog:
-    def __init__(self, root: str | Path, create: bool = False):
+    def __init__(self, root: str | Path, create: bool = False, read_only: bool = False):
+        if create and read_only:
+            raise ValueError("a read-only catalog cannot create a store")
         self.root = Path(root).expanduser()
+        self.read_only = read_only  # SQLite's mode=ro: a serving replica can never write the catalog
         self.path = self.root / CATALOG
         # Set when this Catalog creates the store, so that `discard` can take back exactly what it made.
         self._created: tuple[Path | None, set[str]] | None = None
@@ -172,7 +175,13 @@ class Catalog:
             self._created = (_outermost_missing(self.root), before)
             self.root.mkdir(parents=True, exist_ok=True)
         try:
-            self.db = sqlite3.connect(self.path, timeout=30, isolation_level=None)  # explicit transactions
+            if read_only:
+                uri = f"{self.path.resolve().as_uri()}?mode=ro"
+                self.db = sqlite3.connect(uri, uri=True, timeout=30, isolation_level=None)
+            else:
+                self.db = sqlite3.connect(
+                    self.path, timeout=30, isolation_level=None
+                )  # explicit transactions
             tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
             old = self.meta() if "meta" in tables and "collections" not in tables else {}
             if old.get("format") == STORE_FORMAT and old.get("schema") == "1":
