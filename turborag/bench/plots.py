@@ -175,7 +175,9 @@ def plot_serve(result: dict, path: str | Path) -> Path:
     errors = sum(r.get("errors", 0) for r in runs)
     fig.suptitle(
         f"bench serve: {load['clients']} concurrent streaming clients, {load['requests']} requests per run, "
-        f"max_tokens {load['max_tokens']}{f', {errors} errors' if errors else ''}"
+        f"max_tokens {load['max_tokens']}"
+        + (f", min_tokens {load['min_tokens']}" if load.get("min_tokens") else "")
+        + (f", {errors} errors" if errors else "")
         + (f" ({result['model']})" if result.get("model") else ""),
         fontsize=9,
     )
