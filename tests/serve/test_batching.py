@@ -135,3 +135,15 @@ def test_concurrent_requests_are_batched_and_answered_as_alone(tmp_path):
     assert [g["choices"][0]["message"]["content"] for g in got] == want
     assert max(widths) >= 2  # really decoded together
     assert "turborag_batch_size" in metrics and "turborag_decode_tokens_per_second" in metrics
+
+
+def test_job_whose_loop_closed_is_cancelled_not_fatal():
+    """A job still running when the server's event loop closed (shutdown) is cancelled; the model thread
+    does not die of "Event loop is closed"."""
+    from turborag.serve.worker import Job
+
+    loop = asyncio.new_event_loop()
+    job = Job(run=None, loop=loop)
+    loop.close()
+    job._put("a token")
+    assert job.cancelled.is_set()

@@ -69,8 +69,8 @@ def test_each_collection_answers_from_its_own(served):
 
 def test_chunks_named_by_document_and_ordinal(served):
     for c in ask(served, "red").json()["turborag"]["chunks"]:
-        assert set(c) == {"id", "document", "ordinal", "name"}
-        assert c["id"] == f"{c['document']}#{c['ordinal']}" and "/" not in c["id"]
+        assert set(c) == {"id", "document", "ordinal", "name", "text"}  # text: what the answer read
+        assert c["id"] == f"{c['document']}#{c['ordinal']}" and "/" not in c["id"] and c["text"]
 
 
 def test_collections_created_listed_and_deleted(served):

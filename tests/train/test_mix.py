@@ -106,7 +106,7 @@ def test_no_held_out_data_in_training(mix):
 
 def test_eval_sets():
     sets = build_eval_sets(n=40, contexts=5, seed=1)
-    assert set(sets) == {"realtext", "unanswerable"}
+    assert set(sets) == {"realtext", "unanswerable", "realtext-doc", "unanswerable-doc"}
     eval_packages = {m.split(".")[0] for m in EVAL_MODULES}
     realtext = sets["realtext"]
     assert len(realtext) == 40 and all(r["answerable"] and len(r["contexts"]) == 5 for r in realtext)

@@ -48,7 +48,12 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
 
     def _put(self, item) -> None:
-        self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+        """Hand an item to the request's event loop; if that loop is gone (the server shut down while the
+        job ran), nobody can read it: the job is cancelled instead of killing the model thread."""
+        try:
+            self.loop.call_soon_threadsafe(self.out.put_nowait, item)
+        except RuntimeError:  # "Event loop is closed"
+            self.cancelled.set()
 
     async def items(self):
         """Async iterator over the job's items; re-raises an exception raised in the worker."""
