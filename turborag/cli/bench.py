@@ -14,42 +14,19 @@ from turborag.cli.common import (
     DtypeOpt,
     JsonOpt,
     ModelOpt,
+    PlotOpt,
     TemplateOpt,
+    check_plot,
     console,
     fail,
     int_list,
     stdout,
+    write_plot,
 )
 from turborag.cli.loading import engine_for, load_engine, open_catalog
 from turborag.core.defaults import DEFAULT_MAX_BATCH, DEFAULT_MODEL, turborag_home
 
 app = typer.Typer(help="Benchmarks (ratios measured side by side in one run).", no_args_is_help=True)
-
-PlotOpt = typer.Option(
-    None, "--plot", help="also draw the results as a PNG to this file (needs matplotlib: the `plot` extra)"
-)
-
-
-def check_plot(plot: Path | None) -> None:
-    """Fail before measuring anything if --plot is asked for and matplotlib is missing."""
-    if plot is not None:
-        from turborag.bench.plots import PlotUnavailable, require
-
-        try:
-            require()
-        except PlotUnavailable as e:
-            fail(str(e))
-
-
-def write_plot(plot: Path | None, draw, result: dict) -> None:
-    """Draw `result` (the command's JSON object) with `draw` into the file `plot`, if one was given. Called
-    after the results are printed, so that a plot that cannot be written loses no measurement."""
-    if plot is not None:
-        try:
-            draw(result, plot)
-        except OSError as e:
-            fail(f"could not write the plot {plot}: {e.strerror or e}", code=1)
-        console.print(f"plot: {plot}")
 
 
 @app.command("ttft")

@@ -6,6 +6,8 @@ other's registration and the package has no import cycle.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 from rich.console import Console
 
@@ -114,3 +116,30 @@ def parse_cache_format(name: str | None) -> str | None:
     if name not in choices:
         fail(f"unknown --cache-format {name!r}: use one of {', '.join(choices)}")
     return name
+
+
+PlotOpt = typer.Option(
+    None, "--plot", help="also draw the results as a PNG to this file (needs matplotlib: the `plot` extra)"
+)
+
+
+def check_plot(plot: Path | None) -> None:
+    """Fail before measuring anything if --plot is asked for and matplotlib is missing."""
+    if plot is not None:
+        from turborag.bench.plots import PlotUnavailable, require
+
+        try:
+            require()
+        except PlotUnavailable as e:
+            fail(str(e))
+
+
+def write_plot(plot: Path | None, draw, result: dict) -> None:
+    """Draw `result` (the command's JSON object) with `draw` into the file `plot`, if one was given. Called
+    after the results are printed, so that a plot that cannot be written loses no measurement."""
+    if plot is not None:
+        try:
+            draw(result, plot)
+        except OSError as e:
+            fail(f"could not write the plot {plot}: {e.strerror or e}", code=1)
+        console.print(f"plot: {plot}")

@@ -18,9 +18,11 @@ from turborag.cli.common import (
     DtypeOpt,
     ModelOpt,
     TemplateOpt,
+    check_plot,
     fail,
     parse_cache_format,
     stdout,
+    write_plot,
 )
 from turborag.cli.loading import engine_for
 from turborag.core.defaults import MODES
@@ -75,15 +77,11 @@ def eval_cmd(
     ),
 ) -> None:
     """Accuracy and TTFT of every mode on the same questions and passages."""
-    from turborag.bench.plots import PlotUnavailable, plot_eval, require
+    from turborag.bench.plots import plot_eval
     from turborag.eval.evaluate import load_examples, run_eval
 
     mode_list = parse_modes(modes)
-    if plot is not None:
-        try:
-            require()  # before the eval, not after it
-        except PlotUnavailable as e:
-            fail(str(e))
+    check_plot(plot)  # before the eval, not after it
     cache_dtype = parse_cache_format(cache_format)
     if not data.is_file():
         fail(f"no such file: {data}")
@@ -111,12 +109,7 @@ def eval_cmd(
         typer.echo(json.dumps(out))
     else:
         _print_table(f"{data.name}: {len(examples)} questions, model {model}", results, abstentions)
-    if plot is not None:  # after the results, so that a plot that cannot be written loses none
-        try:
-            plot_eval(out, plot)
-        except OSError as e:
-            fail(f"could not write the plot {plot}: {e.strerror or e}", code=1)
-        typer.echo(f"plot: {plot}", err=True)
+    write_plot(plot, plot_eval, out)
 
 
 _ABSTAIN_KEYS = ("abstain_rate", "false_abstain_rate")
