@@ -21,6 +21,8 @@ import random
 import re
 import textwrap
 
+# Where a paragraph may break (layout only: no word changes). Narrower than realtext's sentence splitter
+# (no break before a digit or "["); kept so that the documented `data mix --seed 2` rebuilds exactly.
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z`\"'(])")
 WIDTH = 70
 
