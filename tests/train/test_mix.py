@@ -94,6 +94,30 @@ def test_shares_and_answers_are_checked():
         build_mix(10, synth_answers="word")
 
 
+def test_paired_unanswerable_records_are_twins_of_answerable_ones():
+    """A twin is an answerable record of the same mix minus its answering passage, target the abstention;
+    the unanswerable share is unchanged, and paired=0 is the mix of before."""
+    plain = build_mix(120, seed=5, unanswerable=0.3)
+    assert build_mix(120, seed=5, unanswerable=0.3, paired=0.0) == plain
+    paired = build_mix(120, seed=5, unanswerable=0.3, paired=1.0, doc_style=0.5)
+    assert sum(not r["answerable"] for r in paired) == 36
+    answerable = {r["question"]: r for r in paired if r["answerable"]}
+    twins = [r for r in paired if r.get("twin")]
+    assert len(twins) >= 30  # every slot found an answerable record of its source to twin
+    assert {_part(r) for r in twins} == {("synth", False), ("stdlib", False)}
+    for t in twins:
+        source = answerable[t["question"]]  # the twin's question is asked answerably elsewhere in the mix
+        gold = source["contexts"][source["answer_index"]]
+        assert t["contexts"] == [c for c in source["contexts"] if c != gold]
+        assert t["answers"] == [ABSTAIN] and t["answer_index"] is None
+        assert t.get("style") == source.get("style")  # same layout: layout is no cue
+        assert not any(contains_answer(c, source["answers"][1:] or source["answers"]) for c in t["contexts"])
+    half = build_mix(120, seed=5, unanswerable=0.3, paired=0.5)
+    assert sum(bool(r.get("twin")) for r in half) == 18
+    with pytest.raises(ValueError, match="paired"):
+        build_mix(10, paired=2.0)
+
+
 def test_no_held_out_data_in_training(mix):
     train_packages = {m.split(".")[0] for m in TRAIN_MODULES}
     for r in mix:
@@ -200,6 +224,26 @@ def test_mix_command(env):
     assert len(rows) == 20 and sum(not row["answerable"] for row in rows) == 3  # 15%
     for name in ("realtext-eval.jsonl", "unanswerable-eval.jsonl"):
         assert len((held / name).read_text().splitlines()) == 150
+    r = runner.invoke(
+        app,
+        [
+            "data",
+            "mix",
+            "--n",
+            "20",
+            "--seed",
+            "1",
+            "--out",
+            str(out),
+            "--unanswerable",
+            "0.5",
+            "--paired",
+            "1",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert sum(bool(row.get("twin")) for row in rows) >= 8
 
 
 def test_mix_command_rejects_bad_input_in_one_line(env):

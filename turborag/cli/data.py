@@ -102,6 +102,13 @@ def mix_cmd(
         help="share of real-text questions whose passages are laid out as documentation pages "
         "(title, paragraphs, wrapped lines); 0 gives the mix made before this option existed",
     ),
+    paired: float = typer.Option(
+        0.0,
+        min=0.0,
+        max=1.0,
+        help="share of the unanswerable questions that are twins of answerable ones in the mix: the same "
+        "question and passages without the one that answers it (0: all independent, as before)",
+    ),
 ) -> None:
     """The cache-aware fine-tune's training mix: hard synthetic and stdlib text half each, plus a share of
     unanswerable questions; 60% of questions with 8-32 passages."""
@@ -112,7 +119,7 @@ def mix_cmd(
 
     if synth_answers not in ("value", "sentence"):
         fail(f"--synth-answers must be value or sentence, got {synth_answers!r}")
-    records = build_mix(n, seed, unanswerable, synth_answers, doc_style)
+    records = build_mix(n, seed, unanswerable, synth_answers, doc_style, paired)
     write_jsonl(records, out)
     typer.echo(f"wrote {len(records)} training questions to {out}", err=True)
     if eval_dir is not None:

@@ -12,6 +12,13 @@ its own kind of question but left three gaps, each closed here by a part of the 
   sentence as every target, so the model stops answering in one word;
 - abstention: by default 15% of the questions have no answering passage (half synthetic, half real text)
   and the target "The passages do not say.", so the model learns not to take a look-alike's value;
+- contrast: with `paired` a share of the unanswerable questions are twins of answerable questions of the
+  same mix (`twin`): the same question over the same passages minus the one that answers it.  Independent
+  unanswerable questions differ from the answerable ones in entity, wording and passages, so a model can
+  learn to abstain on cues other than the missing passage; the third fine-tune abstained on only 40% of
+  held-out unanswerable questions, and the probability it gave the abstention separated them from
+  answerable ones poorly (ROC AUC 0.77, docs/BENCHMARKS.md).  In a pair the missing passage is the only
+  difference;
 - documentation layout: by default half the real-text records are re-rendered as documentation pages
   (docstyle.py: a title, paragraphs, lines wrapped at 70 columns, questions without backticks), answerable
   and unanswerable alike, so that the layout of a passage is no cue for abstaining.  Without it the second
@@ -33,6 +40,7 @@ from __future__ import annotations
 
 import random
 
+from turborag.eval.metrics import ABSTAIN
 from turborag.train.docstyle import as_document
 from turborag.train.realtext import generate_realtext
 from turborag.train.synth import DOMAINS, generate
@@ -42,6 +50,7 @@ TRAIN_DOMAINS: tuple[str, ...] = tuple(d for d in DOMAINS if d not in HELD_OUT_D
 
 UNANSWERABLE_SHARE = 0.15  # half synthetic, half real text; the answerable rest is half each
 DOC_STYLE = 0.5  # share of real-text records rendered as documentation pages
+PAIRED = 0.0  # share of the unanswerable records that are twins of answerable ones (0: the earlier mixes)
 SYNTH_ANSWERS = ("value", "sentence")
 LONG_SHARE = 0.6
 LONG_CONTEXTS = (8, 32)
@@ -75,18 +84,59 @@ def _one(part: str, contexts: int, seed: int, synth_answers: str, doc_style: flo
     return as_document(record, style) if style.random() < doc_style else record
 
 
+def twin(record: dict) -> dict:
+    """The unanswerable twin of an answerable record: the same question over the same passages, in the same
+    order and layout, without the one that answers it; the target is the abstention."""
+    i = record["answer_index"]
+    contexts = record["contexts"][:i] + record["contexts"][i + 1 :]
+    return {
+        **record,
+        "answers": [ABSTAIN],
+        "contexts": contexts,
+        "answer_index": None,
+        "answerable": False,
+        "twin": True,
+    }
+
+
+def _source_kind(record: dict) -> str:
+    return record["source"].split(":", 1)[0]  # "synth" or "stdlib"
+
+
+def _pair(records: list[dict], paired: float, seed: int) -> list[dict]:
+    """Replace round(paired * unanswerable records) of the unanswerable records by twins of answerable
+    records of the same source (synthetic or real text) with at least two passages, each twinned once.
+    Drawn from a generator of its own, so paired=0 leaves the mix exactly as before."""
+    rng = random.Random(seed ^ 0x7A12)
+    slots = [i for i, r in enumerate(records) if not r["answerable"]]
+    slots = sorted(rng.sample(slots, round(len(slots) * paired)))
+    pool: dict[str, list[int]] = {}
+    for i, r in enumerate(records):
+        if r["answerable"] and len(r["contexts"]) >= 2:
+            pool.setdefault(_source_kind(r), []).append(i)
+    for candidates in pool.values():
+        rng.shuffle(candidates)
+    out = list(records)
+    for slot in slots:
+        candidates = pool.get(_source_kind(records[slot]))
+        if candidates:
+            out[slot] = twin(records[candidates.pop()])
+    return out
+
+
 def build_mix(
     n: int,
     seed: int = 0,
     unanswerable: float = UNANSWERABLE_SHARE,
     synth_answers: str = "value",
     doc_style: float = 0.0,
+    paired: float = PAIRED,
 ) -> list[dict]:
     """n training records in a random order: a share `unanswerable` without an answering passage (half
     synthetic, half real text), the rest half hard synthetic (training domains; targets the value, or the
     fact sentence with synth_answers="sentence") and half stdlib real text (train split, sentence targets);
     passage counts from `passage_count`; a share `doc_style` of the real-text records in documentation
-    layout (docstyle.py).
+    layout (docstyle.py); a share `paired` of the unanswerable records twins of answerable ones (`twin`).
 
     The shares are exact counts (rounded); every record has question, answers (target first), contexts,
     answer_index (None when unanswerable), answerable, source and kind.  Building 4000 takes seconds.
@@ -99,6 +149,8 @@ def build_mix(
         raise ValueError(f"synth_answers must be one of {', '.join(SYNTH_ANSWERS)}, got {synth_answers!r}")
     if not 0.0 <= doc_style <= 1.0:
         raise ValueError(f"doc_style must be a share in [0, 1], got {doc_style}")
+    if not 0.0 <= paired <= 1.0:
+        raise ValueError(f"paired must be a share in [0, 1], got {paired}")
     n_unanswerable = round(n * unanswerable)
     n_synth = (n - n_unanswerable + 1) // 2
     n_realtext = n - n_unanswerable - n_synth
@@ -114,7 +166,7 @@ def build_mix(
     for part in plan:
         contexts = passage_count(rng)
         records.append(_one(part, contexts, rng.getrandbits(63), synth_answers, doc_style))
-    return records
+    return _pair(records, paired, seed) if paired else records
 
 
 def build_eval_sets(n: int = 150, contexts: int = 5, seed: int = 0) -> dict[str, list[dict]]:
