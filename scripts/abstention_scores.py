@@ -1,0 +1,82 @@
+"""How well does a model's own probability of the abstention reply tell unanswerable questions from answerable
+ones?  If it separated them well, a threshold on it ("abstain when p >= t") would be a training-free way to
+raise abstention on questions the passages cannot answer without declining answerable ones.
+
+For every question of an answerable and an unanswerable eval file this scores the log-probability of the
+reply "The passages do not say." after the prompt, teacher-forced in one forward on top of the assembled
+context (turbo: the chunk caches re-positioned, then question + reply; full: everything prefilled), and
+prints the ROC AUC and, per threshold, the share of each set whose probability reaches it:
+
+    python scripts/abstention_scores.py --model runs/ft3/adapter --mode turbo --limit 80 \\
+        --answerable runs/eval/realtext-doc-eval.jsonl --unanswerable runs/eval/unanswerable-doc-eval.jsonl
+
+A threshold decides alone here; greedy decoding abstains on its own besides (see docs/BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+import torch
+
+from turborag.cli.loading import engine_for
+from turborag.core import hf_compat
+from turborag.core.engine import Engine
+from turborag.core.prompt import ABSTAIN
+
+
+def abstention_logprob(engine: Engine, question: str, contexts: list[str], mode: str) -> float:
+    """log p(ABSTAIN | prompt): the reply's tokens teacher-forced after the prompt in one forward."""
+    prompt = engine.layout.build(question, contexts)
+    lead = (
+        " " if engine.layout.template == "plain" else ""
+    )  # a plain prompt ends "Answer:", the reply " The..."
+    reply = engine.lm.tokenizer(lead + ABSTAIN, add_special_tokens=False)["input_ids"]
+    if mode == "turbo":
+        cache, next_pos, _, _ = engine.assemble(prompt, "turbo", len(prompt.suffix) + len(reply))
+        ids = prompt.suffix + reply
+    else:
+        cache = hf_compat.buffered_cache(engine.lm.config.num_hidden_layers, reserve=0)
+        ids, next_pos = prompt.ids + reply, 0
+    x = torch.tensor([ids])  # (1, T)
+    pos = torch.arange(next_pos, next_pos + len(ids))[None]  # (1, T)
+    with torch.inference_mode():
+        logits = hf_compat.forward(engine.lm.model, x, pos, cache, logits_to_keep=len(reply) + 1)
+    logp = logits[0, :-1].float().log_softmax(-1)  # (len(reply), vocab): position j predicts reply[j]
+    return logp.gather(1, torch.tensor(reply)[:, None]).sum().item()
+
+
+def scores(engine: Engine, path: Path, mode: str, limit: int | None) -> list[float]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()][:limit]
+    engine.precompute([c for r in rows for c in r["contexts"]])
+    return [abstention_logprob(engine, r["question"], r["contexts"], mode) for r in rows]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--mode", choices=("turbo", "full"), default="turbo")
+    p.add_argument("--answerable", type=Path, required=True)
+    p.add_argument("--unanswerable", type=Path, required=True)
+    p.add_argument("--limit", type=int, default=None, help="first N questions of each file")
+    p.add_argument("--json", type=Path, default=None, help="also write every score here")
+    args = p.parse_args()
+    engine = engine_for(args.model, "cpu", None, "auto", "auto")
+    a = scores(engine, args.answerable, args.mode, args.limit)
+    u = scores(engine, args.unanswerable, args.mode, args.limit)
+    # ROC AUC: the chance that an unanswerable question scores above an answerable one (ties count half)
+    auc = sum((x > y) + 0.5 * (x == y) for x in u for y in a) / (len(a) * len(u))
+    print(f"{args.model} ({args.mode}): {len(a)} answerable, {len(u)} unanswerable, ROC AUC {auc:.3f}")
+    print("threshold  abstains on unanswerable  abstains on answerable")
+    for t in (0.5, 0.3, 0.2, 0.1, 0.05, 0.02):
+        lt = math.log(t)
+        print(f"{t:>9}  {sum(x >= lt for x in u) / len(u):>23.1%}  {sum(x >= lt for x in a) / len(a):>22.1%}")
+    if args.json:
+        args.json.write_text(json.dumps({"answerable": a, "unanswerable": u, "auc": auc}))
+
+
+if __name__ == "__main__":
+    main()
