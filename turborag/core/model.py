@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,7 +136,6 @@ def convert_gguf(gguf_path: Path, out_dir: Path | None = None) -> Path:
     if (out_dir / "config.json").exists():
         return out_dir
     log.warning("converting %s to safetensors once (about a minute); later loads are fast", gguf_path)
-    tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
     tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     model = AutoModelForCausalLM.from_pretrained(
         str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
@@ -144,11 +144,13 @@ def convert_gguf(gguf_path: Path, out_dir: Path | None = None) -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    (tmp / "turborag_source.json").write_text(json.dumps({"gguf": str(gguf_path), "sha256": digest}))
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(tmp, out_dir)
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        (tmp / "turborag_source.json").write_text(json.dumps({"gguf": str(gguf_path), "sha256": digest}))
+
+    publish_folder(out_dir, write)
     return out_dir
 
 
@@ -205,6 +207,20 @@ def _merged_dir(adapter: Path, base_folder: Path) -> Path:
     return turborag_home() / "models" / f"merged-{adapter.name}-{h.hexdigest()[:16]}"
 
 
+def publish_folder(out: Path, write: Callable[[Path], None]) -> None:
+    """Make the folder `out` by `write(tmp)` into a temp folder beside it, then one rename: a reader never
+    sees half a model. If writing fails (a full disk: a model folder is 0.5-1 GB) the temp folder is
+    removed, so failed attempts do not pile up and fill the disk further."""
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    try:
+        write(tmp)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 def _merge_once(adapter: Path, base_folder: Path, device: str) -> Path:
     """The base + LoRA adapter merged into one fp32 HF folder, made on first use (peft is imported and the
     merge runs only then: ~4 s of a cold start) and written to a temp folder that is renamed into place."""
@@ -215,11 +231,12 @@ def _merge_once(adapter: Path, base_folder: Path, device: str) -> Path:
 
     base = load_model(str(base_folder), device, torch.float32)
     merged = PeftModel.from_pretrained(base.model, str(adapter)).merge_and_unload()
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    merged.save_pretrained(tmp)
-    base.tokenizer.save_pretrained(tmp)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(tmp, out)
+
+    def write(tmp: Path) -> None:
+        merged.save_pretrained(tmp)
+        base.tokenizer.save_pretrained(tmp)
+
+    publish_folder(out, write)
     return out
 
 
@@ -240,12 +257,14 @@ def _cast_once(folder: Path, dtype: torch.dtype) -> Path:
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
     for param in model.parameters():
         param.data = param.data.to(dtype)
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    model.save_pretrained(tmp)
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model"):
-        if (folder / name).exists():
-            shutil.copyfile(folder / name, tmp / name)
-    os.replace(tmp, out)
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp)
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model"):
+            if (folder / name).exists():
+                shutil.copyfile(folder / name, tmp / name)
+
+    publish_folder(out, write)
     return out
 
 
