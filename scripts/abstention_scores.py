@@ -26,15 +26,13 @@ from turborag.cli.loading import engine_for
 from turborag.core import hf_compat
 from turborag.core.engine import Engine
 from turborag.core.prompt import ABSTAIN
+from turborag.train.finetune import answer_ids
 
 
 def abstention_logprob(engine: Engine, question: str, contexts: list[str], mode: str) -> float:
     """log p(ABSTAIN | prompt): the reply's tokens teacher-forced after the prompt in one forward."""
     prompt = engine.layout.build(question, contexts)
-    lead = (
-        " " if engine.layout.template == "plain" else ""
-    )  # a plain prompt ends "Answer:", the reply " The..."
-    reply = engine.lm.tokenizer(lead + ABSTAIN, add_special_tokens=False)["input_ids"]
+    reply = answer_ids(engine.lm.tokenizer, ABSTAIN)[:-1]  # as training tokenizes a target, less the "\n"
     if mode == "turbo":
         cache, next_pos, _, _ = engine.assemble(prompt, "turbo", len(prompt.suffix) + len(reply))
         ids = prompt.suffix + reply
