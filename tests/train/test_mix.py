@@ -130,7 +130,14 @@ def test_no_held_out_data_in_training(mix):
 
 def test_eval_sets():
     sets = build_eval_sets(n=40, contexts=5, seed=1)
-    assert set(sets) == {"realtext", "unanswerable", "realtext-doc", "unanswerable-doc"}
+    assert set(sets) == {
+        "realtext",
+        "unanswerable",
+        "realtext-doc",
+        "unanswerable-doc",
+        "prose-doc",
+        "prose-unanswerable-doc",
+    }
     eval_packages = {m.split(".")[0] for m in EVAL_MODULES}
     realtext = sets["realtext"]
     assert len(realtext) == 40 and all(r["answerable"] and len(r["contexts"]) == 5 for r in realtext)
@@ -149,8 +156,11 @@ def test_eval_sets():
 
 
 def test_default_eval_sets_have_150_questions_of_5_passages():
+    """All but the prose twins, which are the prose questions without their answering passage."""
     sets = build_eval_sets()
-    assert all(len(rows) == 150 and all(len(r["contexts"]) == 5 for r in rows) for rows in sets.values())
+    for name, rows in sets.items():
+        passages = 4 if name == "prose-unanswerable-doc" else 5
+        assert len(rows) == 150 and all(len(r["contexts"]) == passages for r in rows), name
 
 
 def _one_letter_apart(a: str, b: str) -> bool:

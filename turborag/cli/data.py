@@ -86,8 +86,9 @@ def mix_cmd(
     eval_dir: Path = typer.Option(
         None,
         help="also write the held-out sets here: realtext-eval.jsonl, unanswerable-eval.jsonl and the same "
-        "two in documentation layout, realtext-doc-eval.jsonl and unanswerable-doc-eval.jsonl "
-        "(150 questions, 5 passages each)",
+        "two in documentation layout, realtext-doc-eval.jsonl and unanswerable-doc-eval.jsonl, and "
+        "prose-doc-eval.jsonl with its twins without the answering passage, "
+        "prose-unanswerable-doc-eval.jsonl (150 questions, 5 passages each; 4 for the twins)",
     ),
     unanswerable: float = typer.Option(
         0.15, min=0.0, max=1.0, help="share of questions no passage answers (target: the abstention)"
@@ -109,6 +110,13 @@ def mix_cmd(
         help="share of the unanswerable questions that are twins of answerable ones in the mix: the same "
         "question and passages without the one that answers it (0: all independent, as before)",
     ),
+    prose: float = typer.Option(
+        0.0,
+        min=0.0,
+        max=1.0,
+        help="share of the questions (answerable and unanswerable alike) asked in plain English about a "
+        "sentence of the stdlib documentation ('How is X defined?', 'What happens in f if ...?')",
+    ),
 ) -> None:
     """The cache-aware fine-tune's training mix: hard synthetic and stdlib text half each, plus a share of
     unanswerable questions; 60% of questions with 8-32 passages."""
@@ -119,7 +127,7 @@ def mix_cmd(
 
     if synth_answers not in ("value", "sentence"):
         fail(f"--synth-answers must be value or sentence, got {synth_answers!r}")
-    records = build_mix(n, seed, unanswerable, synth_answers, doc_style, paired)
+    records = build_mix(n, seed, unanswerable, synth_answers, doc_style, paired, prose)
     write_jsonl(records, out)
     typer.echo(f"wrote {len(records)} training questions to {out}", err=True)
     if eval_dir is not None:

@@ -42,6 +42,7 @@ import random
 
 from turborag.eval.metrics import ABSTAIN
 from turborag.train.docstyle import as_document
+from turborag.train.prose import generate_prose, without_answer
 from turborag.train.realtext import generate_realtext
 from turborag.train.synth import DOMAINS, generate
 
@@ -50,6 +51,7 @@ TRAIN_DOMAINS: tuple[str, ...] = tuple(d for d in DOMAINS if d not in HELD_OUT_D
 
 UNANSWERABLE_SHARE = 0.15  # half synthetic, half real text; the answerable rest is half each
 DOC_STYLE = 0.5  # share of real-text records rendered as documentation pages
+PROSE = 0.0  # share of the answerable (and of the unanswerable) records asked in plain English (prose.py)
 PAIRED = 0.0  # share of the unanswerable records that are twins of answerable ones (0: the earlier mixes)
 SYNTH_ANSWERS = ("value", "sentence")
 LONG_SHARE = 0.6
@@ -78,8 +80,11 @@ def _one(part: str, contexts: int, seed: int, synth_answers: str, doc_style: flo
         return _synth(generate(1, contexts, seed, TRAIN_DOMAINS, hard=True, sentence_answers=sentences)[0])
     if part == "synth-unanswerable":
         return _synth(generate(1, contexts, seed, TRAIN_DOMAINS, hard=True, unanswerable=1.0)[0])
-    unanswerable = 0.0 if part == "realtext" else 1.0
-    record = generate_realtext(1, contexts, seed, split="train", unanswerable=unanswerable)[0]
+    unanswerable = 0.0 if part in ("realtext", "prose") else 1.0
+    if part.startswith("prose"):
+        record = generate_prose(1, contexts, seed, split="train", unanswerable=unanswerable)[0]
+    else:
+        record = generate_realtext(1, contexts, seed, split="train", unanswerable=unanswerable)[0]
     style = random.Random(seed ^ 0xD0C5)
     return as_document(record, style) if style.random() < doc_style else record
 
@@ -100,7 +105,7 @@ def twin(record: dict) -> dict:
 
 
 def _source_kind(record: dict) -> str:
-    return record["source"].split(":", 1)[0]  # "synth" or "stdlib"
+    return record["source"].split(":", 1)[0]  # "synth", "stdlib" or "prose"
 
 
 def _pair(records: list[dict], paired: float, seed: int) -> list[dict]:
@@ -131,12 +136,15 @@ def build_mix(
     synth_answers: str = "value",
     doc_style: float = 0.0,
     paired: float = PAIRED,
+    prose: float = PROSE,
 ) -> list[dict]:
     """n training records in a random order: a share `unanswerable` without an answering passage (half
     synthetic, half real text), the rest half hard synthetic (training domains; targets the value, or the
     fact sentence with synth_answers="sentence") and half stdlib real text (train split, sentence targets);
     passage counts from `passage_count`; a share `doc_style` of the real-text records in documentation
-    layout (docstyle.py); a share `paired` of the unanswerable records twins of answerable ones (`twin`).
+    layout (docstyle.py); a share `paired` of the unanswerable records twins of answerable ones (`twin`);
+    a share `prose` of both the answerable and the unanswerable records asked in plain English about a
+    sentence of stdlib documentation (prose.py), taken before the synthetic/real-text halves.
 
     The shares are exact counts (rounded); every record has question, answers (target first), contexts,
     answer_index (None when unanswerable), answerable, source and kind.  Building 4000 takes seconds.
@@ -151,14 +159,21 @@ def build_mix(
         raise ValueError(f"doc_style must be a share in [0, 1], got {doc_style}")
     if not 0.0 <= paired <= 1.0:
         raise ValueError(f"paired must be a share in [0, 1], got {paired}")
+    if not 0.0 <= prose <= 1.0:
+        raise ValueError(f"prose must be a share in [0, 1], got {prose}")
     n_unanswerable = round(n * unanswerable)
-    n_synth = (n - n_unanswerable + 1) // 2
-    n_realtext = n - n_unanswerable - n_synth
+    n_prose = round((n - n_unanswerable) * prose)
+    n_prose_unanswerable = round(n_unanswerable * prose)
+    n_synth = (n - n_unanswerable - n_prose + 1) // 2
+    n_realtext = n - n_unanswerable - n_prose - n_synth
+    n_rest = n_unanswerable - n_prose_unanswerable
     plan = (
         ["synth"] * n_synth
         + ["realtext"] * n_realtext
-        + ["synth-unanswerable"] * (n_unanswerable // 2)
-        + ["realtext-unanswerable"] * (n_unanswerable - n_unanswerable // 2)
+        + ["synth-unanswerable"] * (n_rest // 2)
+        + ["realtext-unanswerable"] * (n_rest - n_rest // 2)
+        + ["prose"] * n_prose
+        + ["prose-unanswerable"] * n_prose_unanswerable
     )
     rng = random.Random(seed)
     rng.shuffle(plan)
@@ -176,7 +191,10 @@ def build_eval_sets(n: int = 150, contexts: int = 5, seed: int = 0) -> dict[str,
     - "unanswerable": half hard synthetic questions from the held-out domains (film, astronomy) and half
       eval-split real text, all without an answering passage, in a random order.
 
-    - "realtext-doc" and "unanswerable-doc": the same two sets in documentation layout (docstyle.py).
+    - "realtext-doc" and "unanswerable-doc": the same two sets in documentation layout (docstyle.py);
+    - "prose-doc": plain-English questions about sentences of eval-split stdlib documentation (prose.py),
+      in documentation layout, and "prose-unanswerable-doc": the same questions without the passage that
+      answers them (so one passage fewer): the abstention the missing passage alone should cause.
 
     Run `turborag eval` on the realtext sets for accuracy and false abstentions, on the unanswerable sets
     for the abstention rate.
@@ -202,6 +220,12 @@ def build_eval_sets(n: int = 150, contexts: int = 5, seed: int = 0) -> dict[str,
     unanswerable = synth + real
     rng.shuffle(unanswerable)
     style = random.Random(seed ^ 0xD0C5)
+    # Drawn from generators of their own, so the sets above are the same as before prose existed.
+    prose_style = random.Random(seed ^ 0x9805)
+    prose = [
+        as_document(r, prose_style)
+        for r in generate_prose(n, contexts, random.Random(seed ^ 0x9805E).getrandbits(63), split="eval")
+    ]
     return {
         "realtext": realtext,
         "unanswerable": unanswerable,
@@ -209,4 +233,6 @@ def build_eval_sets(n: int = 150, contexts: int = 5, seed: int = 0) -> dict[str,
         "unanswerable-doc": [
             as_document(r, style) if r["source"].startswith("stdlib") else r for r in unanswerable
         ],
+        "prose-doc": prose,
+        "prose-unanswerable-doc": [without_answer(r) for r in prose],
     }
