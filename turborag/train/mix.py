@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import random
 
-from turborag.eval.metrics import ABSTAIN
 from turborag.train.docstyle import as_document
 from turborag.train.prose import generate_prose, without_answer
 from turborag.train.realtext import generate_realtext
@@ -92,16 +91,7 @@ def _one(part: str, contexts: int, seed: int, synth_answers: str, doc_style: flo
 def twin(record: dict) -> dict:
     """The unanswerable twin of an answerable record: the same question over the same passages, in the same
     order and layout, without the one that answers it; the target is the abstention."""
-    i = record["answer_index"]
-    contexts = record["contexts"][:i] + record["contexts"][i + 1 :]
-    return {
-        **record,
-        "answers": [ABSTAIN],
-        "contexts": contexts,
-        "answer_index": None,
-        "answerable": False,
-        "twin": True,
-    }
+    return {**without_answer(record), "twin": True}
 
 
 def _source_kind(record: dict) -> str:

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from functools import cache
 
 from turborag.eval.metrics import ABSTAIN
-from turborag.train.realtext import _SENTENCE_END, _SPLITS, _inventory
+from turborag.train.realtext import _SENTENCE_END, _inventory, check_request
 from turborag.train.synth import _mentions, _needles
 
 # Sentences of answer length: long enough to say something, short enough to be generated whole.
@@ -337,14 +337,7 @@ def generate_prose(
     Records: question, answers (the sentence first, then the predicate), contexts, source
     ("prose:<module>"), kind (the rule), entity, answer_index (None when unanswerable), answerable.
     """
-    if n < 1:
-        raise ValueError(f"n must be at least 1, got {n}")
-    if contexts < 1:
-        raise ValueError(f"contexts must be at least 1, got {contexts}")
-    if split not in _SPLITS:
-        raise ValueError(f"split must be train or eval, got {split!r}")
-    if not 0.0 <= unanswerable <= 1.0:
-        raise ValueError(f"unanswerable must be a fraction in 0..1, got {unanswerable}")
+    check_request(n, contexts, split, unanswerable)
     rng = random.Random(seed)
     missing = set(rng.sample(range(n), round(n * unanswerable)))
     out = []

@@ -793,6 +793,18 @@ def _record(rng: random.Random, split: str, contexts: int, answerable: bool) -> 
     }
 
 
+def check_request(n: int, contexts: int, split: str, unanswerable: float) -> None:
+    """ValueError for a record request no generator over the stdlib splits can fill."""
+    if n < 1:
+        raise ValueError(f"n must be at least 1, got {n}")
+    if contexts < 1:
+        raise ValueError(f"contexts must be at least 1, got {contexts}")
+    if split not in _SPLITS:
+        raise ValueError(f"split must be train or eval, got {split!r}")
+    if not 0.0 <= unanswerable <= 1.0:
+        raise ValueError(f"unanswerable must be a fraction in 0..1, got {unanswerable}")
+
+
 def generate_realtext(
     n: int, contexts: int, seed: int = 0, split: str = "train", unanswerable: float = 0.0
 ) -> list[dict]:
@@ -804,14 +816,7 @@ def generate_realtext(
     first), contexts, source ("stdlib:<module>"), kind (one of KINDS), entity, answer_index (None when
     unanswerable) and answerable.
     """
-    if n < 1:
-        raise ValueError(f"n must be at least 1, got {n}")
-    if contexts < 1:
-        raise ValueError(f"contexts must be at least 1, got {contexts}")
-    if split not in _SPLITS:
-        raise ValueError(f"split must be train or eval, got {split!r}")
-    if not 0.0 <= unanswerable <= 1.0:
-        raise ValueError(f"unanswerable must be a fraction in 0..1, got {unanswerable}")
+    check_request(n, contexts, split, unanswerable)
     rng = random.Random(seed)
     missing = set(rng.sample(range(n), round(n * unanswerable)))
     return [_record(rng, split, contexts, answerable=i not in missing) for i in range(n)]
