@@ -25,8 +25,7 @@ import torch
 from turborag.cli.loading import engine_for
 from turborag.core import hf_compat
 from turborag.core.engine import Engine
-from turborag.core.prompt import ABSTAIN
-from turborag.train.finetune import answer_ids
+from turborag.core.prompt import ABSTAIN, answer_ids
 
 
 def abstention_logprob(engine: Engine, question: str, contexts: list[str], mode: str) -> float:

@@ -29,6 +29,12 @@ INSTRUCTION = (
 _SENTINEL = "\x00TURBORAG_USER_CONTENT\x00"
 
 
+def answer_ids(tokenizer, answer: str) -> list[int]:
+    """Target tokens: ' <answer>' then a newline, the end-of-answer mark the QA decoder stops on (how the
+    fine-tune tokenizes a target, train/finetune.py)."""
+    return list(tokenizer(f" {answer.strip()}\n", add_special_tokens=False)["input_ids"])
+
+
 @dataclass
 class Prompt:
     prefix: list[int]

@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 from turborag.core import hf_compat, kv
 from turborag.core.model import LoadedModel, layer_inv_freq
-from turborag.core.prompt import PromptLayout
+from turborag.core.prompt import PromptLayout, answer_ids
 
 log = logging.getLogger(__name__)
 
@@ -71,11 +71,6 @@ class TrainConfig:
 
 # ---------------------------------------------------------------------------------------------------------
 # the loss = the serving path with gradients
-
-
-def answer_ids(tokenizer, answer: str) -> list[int]:
-    """Target tokens: ' <answer>' then a newline, the end-of-answer mark the QA decoder stops on."""
-    return list(tokenizer(f" {answer.strip()}\n", add_special_tokens=False)["input_ids"])
 
 
 def serving_logits(
