@@ -67,6 +67,14 @@ def eval_cmd(
         help="format of the chunk caches: fp16, bf16, int8 or fp8 (default: the 16-bit compute dtype)",
     ),
     max_new_tokens: int = typer.Option(32, min=1),
+    abstain_threshold: float = typer.Option(
+        None,
+        "--abstain-threshold",
+        min=0.0,
+        max=1.0,
+        help='abstain when the model gives the reply "The passages do not say." at least this probability '
+        "(default: the fine-tune's recorded threshold, none for other models; 0 = greedy decoding alone)",
+    ),
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     predictions: Path = typer.Option(None, help="also write every answer to this JSONL file"),
     plot: Path = typer.Option(
@@ -92,8 +100,13 @@ def eval_cmd(
         fail(f"{data}: no usable question ({len(problems)} bad lines)")
     preds: list[dict] = []
     results = {}
+    threshold = None
     for spec, group in group_by_model(mode_list, model).items():  # one model in memory at a time
         engine = engine_for(spec, device, store, template, dtype, cache_dtype)
+        if abstain_threshold is not None:
+            engine.abstain_threshold = abstain_threshold or None
+        if spec == model:
+            threshold = engine.abstain_threshold
         got = run_eval(engine, examples, group, max_new_tokens, progress=not as_json, predictions=preds)
         results.update({(m if spec == model else f"{m}@{spec}"): r for m, r in got.items()})
         del engine
@@ -103,6 +116,7 @@ def eval_cmd(
     out = {
         "modes": {m: _row(r, abstentions) for m, r in results.items()},
         "model": model,
+        "abstain_threshold": threshold,  # the one --model answered with
         "skipped_lines": len(problems),
     }
     if as_json:

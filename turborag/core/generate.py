@@ -156,6 +156,8 @@ class DecodeState:
     sets the next `logits`. `answer` is called with the finished sequence and builds the Answer.
 
     `cache` is the sequence's own cache after prefill; a DecodeBatch copies it into its buffers and drops it.
+    `forced` tokens (the engine's threshold abstention) are emitted in order instead of picked; all but the
+    last are fed to the model like picked ones, and the sequence ends with the last.
     """
 
     def __init__(
@@ -170,6 +172,7 @@ class DecodeState:
         answer: Callable[[DecodeState], object],
         prompt_tokens: int = 0,
         cached_tokens: int = 0,
+        forced: list[int] | None = None,  # a reply decided before decoding: emitted instead of picked
     ):
         self.params = params
         self.stop_ids = stop_ids
@@ -187,6 +190,7 @@ class DecodeState:
         self.ttft: float | None = None
         self.finished = False
         self._answer = answer
+        self._forced = list(forced) if forced else None
 
     @property
     def remaining(self) -> int:
@@ -200,7 +204,7 @@ class DecodeState:
         if len(self.stream.ids) < self.params.min_tokens and self.stop_ids:
             logits = logits.clone()
             logits[list(self.stop_ids)] = float("-inf")  # not the end yet: the best other token
-        tok = pick(logits, self.params, self.generator)
+        tok = self._forced.pop(0) if self._forced else pick(logits, self.params, self.generator)
         if self.ttft is None:
             self.ttft = time.perf_counter() - self.t0
         out: list = []
@@ -209,7 +213,8 @@ class DecodeState:
             delta = self.stream.push(tok)
             if delta:
                 out.append(delta)
-            if not self.stream.stopped and len(self.stream.ids) < self.params.max_new_tokens:
+            forced_done = self._forced is not None and not self._forced
+            if not (self.stream.stopped or forced_done or len(self.stream.ids) >= self.params.max_new_tokens):
                 self.token = tok
                 return out
         self.finished = True

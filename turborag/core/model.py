@@ -47,6 +47,8 @@ class LoadedModel:
     device: torch.device
     dtype: torch.dtype
     cache_aware: bool = False  # carries a cache-aware fine-tune (turbo is safe on it)
+    # abstain when p("The passages do not say.") reaches this (engine.py); from the fine-tune's record
+    abstain_threshold: float | None = None
 
     @property
     def config(self):
@@ -282,17 +284,42 @@ def _load_adapter(adapter: Path, device: str, dtype: torch.dtype) -> LoadedModel
     folder = _cast_once(_merge_once(adapter, base_folder, device), dtype)
     model, tokenizer = _load_folder(folder, dev, dtype)
     fp = fingerprint(model, tokenizer)
-    return LoadedModel(model, tokenizer, str(adapter), fp, dev, dtype, cache_aware=is_cache_aware(adapter))
+    return LoadedModel(
+        model,
+        tokenizer,
+        str(adapter),
+        fp,
+        dev,
+        dtype,
+        cache_aware=is_cache_aware(adapter),
+        abstain_threshold=abstain_threshold(adapter),
+    )
+
+
+def _finetune_record(folder: Path) -> dict:
+    """The turborag_finetune.json that `turborag finetune` writes next to a model or adapter ({} if none)."""
+    meta_path = folder / "turborag_finetune.json"
+    return json.loads(meta_path.read_text()) if meta_path.exists() else {}
 
 
 def is_cache_aware(folder: Path) -> bool:
     """Whether a folder written by `turborag finetune` holds a cache-aware fine-tune (not the causal
     baseline). Recorded as `cache_aware` in its turborag_finetune.json; older files only say `causal`."""
-    meta_path = folder / "turborag_finetune.json"
-    if not meta_path.exists():
-        return False
-    meta = json.loads(meta_path.read_text())
-    return bool(meta.get("cache_aware", not meta.get("causal", True)))
+    meta = _finetune_record(folder)
+    return bool(meta.get("cache_aware", not meta.get("causal", True))) if meta else False
+
+
+def abstain_threshold(folder: Path) -> float | None:
+    """The abstention threshold recorded for a fine-tune (`abstain_threshold` in its turborag_finetune.json,
+    set by hand after measuring it: docs/BENCHMARKS.md), or None."""
+    value = _finetune_record(folder).get("abstain_threshold")
+    return None if value is None else check_abstain_threshold(float(value))
+
+
+def check_abstain_threshold(value: float) -> float:
+    if not 0 < value <= 1:
+        raise ValueError(f"abstain threshold must be in (0, 1], got {value}")
+    return value
 
 
 def _load_folder(folder: Path, dev: torch.device, dtype: torch.dtype):
@@ -328,7 +355,16 @@ def load_model(
     folder = model_dir_for(spec)
     model, tokenizer = _load_folder(folder, dev, dtype)
     fp = fingerprint(model, tokenizer)
-    return LoadedModel(model, tokenizer, spec, fp, dev, dtype, cache_aware=is_cache_aware(folder))
+    return LoadedModel(
+        model,
+        tokenizer,
+        spec,
+        fp,
+        dev,
+        dtype,
+        cache_aware=is_cache_aware(folder),
+        abstain_threshold=abstain_threshold(folder),
+    )
 
 
 def fingerprint(model: torch.nn.Module, tokenizer=None) -> str:

@@ -1,0 +1,127 @@
+"""The abstention threshold: the reply's probability is scored exactly, scoring leaves the cache as it was,
+and a forced abstention streams, batches and ends like any answer. Tiny models in fp32."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from turborag.core import hf_compat
+from turborag.core.batch import DecodeBatch
+from turborag.core.engine import Engine
+from turborag.core.generate import SamplingParams
+from turborag.core.model import abstain_threshold
+from turborag.core.prompt import ABSTAIN
+from turborag.store.kv_store import KVStore
+
+PASSAGES = [
+    "Veltrano Dynamics was founded in 1911 by Ismena Throll in the city of Quorvik.",
+    "The river Sallow runs through Brem, a town known for its blue bridges.",
+    "Cobalt Orchard is a band from Tarsk whose first album came out in 1987.",
+]
+Q = "Who founded Veltrano?"
+MODES = ("full", "turbo", "turbo-blend")
+
+
+def _engine(lm, tmp_path, threshold):
+    engine = Engine(lm, KVStore(tmp_path, dtype="float32"))
+    engine.stop_ids = set()  # random weights may pick EOS first: decode every request its full length
+    engine.abstain_threshold = threshold
+    return engine
+
+
+@pytest.mark.parametrize("tiny_lm", ["llama", "gemma3"], indirect=True)
+def test_scoring_leaves_the_answer_unchanged_below_the_threshold(tiny_lm, tmp_path):
+    """Threshold 1: the reply is scored on every request but never reaches it, so every token is the one
+    decoded without scoring: the scoring forward was cut back out of the cache exactly."""
+    plain = _engine(tiny_lm, tmp_path / "a", None)
+    scored = _engine(tiny_lm, tmp_path / "b", 1.0)
+    params = SamplingParams(max_new_tokens=10)
+    for mode in MODES:
+        a = plain.answer(Q, PASSAGES, mode, params)
+        b = scored.answer(Q, PASSAGES, mode, params)
+        assert len(a.token_ids) == 10 and a.token_ids == b.token_ids, mode
+
+
+@pytest.mark.parametrize("tiny_lm", ["qwen2", "gemma3"], indirect=True)
+def test_abstention_logprob_equals_one_teacher_forced_forward(tiny_lm, tmp_path):
+    engine = _engine(tiny_lm, tmp_path, None)
+    prompt = engine.layout.build(Q, PASSAGES)
+    reply = engine.abstain_ids
+    ids = torch.tensor([prompt.ids + reply])  # (1, T + R)
+    cache = hf_compat.buffered_cache(tiny_lm.config.num_hidden_layers)
+    with torch.no_grad():
+        logits = hf_compat.forward(tiny_lm.model, ids, torch.arange(ids.shape[1])[None], cache)  # (1, T+R, V)
+    logp = logits[0, len(prompt.ids) - 1 : -1].log_softmax(-1)  # (R, V): position j predicts reply[j]
+    expected = logp.gather(1, torch.tensor(reply)[:, None]).sum().item()
+
+    cache, logits, next_pos, *_ = engine._prefill_full(prompt, reserve=16)
+    assert engine.abstention_logprob(cache, logits, next_pos) == pytest.approx(expected, abs=1e-4)
+    assert cache.layers[0].keys.shape[-2] == len(prompt.ids)  # cut back to the prompt
+
+
+@pytest.mark.parametrize("tiny_lm", ["gemma3"], indirect=True)
+def test_reaching_the_threshold_answers_the_abstention(tiny_lm, tmp_path):
+    engine = _engine(tiny_lm, tmp_path, 1e-300)  # any probability reaches it (log: -690)
+    reply_text = tiny_lm.tokenizer.decode(engine.abstain_ids, skip_special_tokens=True).strip()
+    assert reply_text  # the character tokenizer spells it out
+    params = SamplingParams(max_new_tokens=64)
+    for mode in MODES:
+        deltas, answer = [], None
+        for item in engine.stream(Q, PASSAGES, mode, params):
+            if isinstance(item, str):
+                deltas.append(item)
+            else:
+                answer = item
+        assert answer.text == "".join(deltas) == reply_text, mode
+        assert answer.token_ids == engine.abstain_ids and answer.finish_reason == "stop"
+        assert answer.ttft_s > 0 and answer.mode == mode
+    # too short a budget for the whole reply: cut like any answer
+    short = engine.answer(Q, PASSAGES, "turbo", SamplingParams(max_new_tokens=3))
+    assert short.token_ids == engine.abstain_ids[:3] and short.finish_reason == "length"
+
+
+@pytest.mark.parametrize("tiny_lm", ["llama"], indirect=True)
+def test_a_forced_abstention_decodes_in_a_batch_beside_other_requests(tiny_lm, tmp_path):
+    engine = _engine(tiny_lm, tmp_path, None)
+    params = SamplingParams(max_new_tokens=40)  # longer than the reply (one token per character here)
+    alone = [engine.answer(Q, PASSAGES[i:], "turbo", params).token_ids for i in range(2)]
+    seqs = [engine.begin(Q, PASSAGES[i:], "turbo", params) for i in range(2)]
+    engine.abstain_threshold = 1e-300
+    seqs.append(engine.begin(Q, PASSAGES, "full", params))
+    batch = DecodeBatch(engine.lm.model, engine.windows)
+    answers = {}
+    running = list(enumerate(seqs))
+    while running:
+        still = []
+        for i, seq in running:
+            for item in seq.advance():
+                if not isinstance(item, str):
+                    answers[i] = item
+            if not seq.finished:
+                still.append((i, seq))
+        running = still
+        if running:
+            batch.step([s for _, s in running])
+    assert answers[0].token_ids == alone[0] and answers[1].token_ids == alone[1]
+    assert answers[2].token_ids == engine.abstain_ids and len(engine.abstain_ids) < 40
+
+
+def test_threshold_is_read_from_the_fine_tune_record(tmp_path):
+    assert abstain_threshold(tmp_path) is None  # no record
+    (tmp_path / "turborag_finetune.json").write_text(json.dumps({"cache_aware": True}))
+    assert abstain_threshold(tmp_path) is None
+    (tmp_path / "turborag_finetune.json").write_text(json.dumps({"abstain_threshold": 0.35}))
+    assert abstain_threshold(tmp_path) == 0.35
+    for bad in (0, -0.1, 1.5):
+        (tmp_path / "turborag_finetune.json").write_text(json.dumps({"abstain_threshold": bad}))
+        with pytest.raises(ValueError, match="abstain threshold"):
+            abstain_threshold(tmp_path)
+
+
+def test_the_reply_is_the_trained_abstention(gemma_lm, tmp_path):
+    engine = _engine(gemma_lm, tmp_path, None)
+    text = gemma_lm.tokenizer.decode(engine.abstain_ids, skip_special_tokens=True)
+    assert text.strip() == ABSTAIN  # as train/finetune.py tokenizes the target, less its newline
