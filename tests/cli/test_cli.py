@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from turborag.cli import app
 from turborag.core.engine import MODES
+from turborag.core.prompt import ABSTAIN
 from turborag.train.synth import generate, write_jsonl
 
 runner = CliRunner()
@@ -35,6 +36,25 @@ def test_eval_json_reports_every_mode(tiny_model_dir, env):
     assert "line 4: missing or empty 'question'" in r.stderr
     assert "line 5: 'contexts' must be a non-empty list" in r.stderr
     assert "line 6: not valid JSON" in r.stderr
+
+
+def test_eval_abstain_threshold_scores_and_abstains(tiny_model_dir, env):
+    """A threshold every probability reaches: every answer is the abstention, each prediction carries the
+    reply's log-probability, and the JSON records the threshold; 0 turns it off."""
+    data, preds = env / "d.jsonl", env / "p.jsonl"
+    write_jsonl(generate(3, 2, seed=3), data)
+    args = ["eval", str(data), "--model", tiny_model_dir, "--json", "--modes", "full,turbo"]
+    r = runner.invoke(app, [*args, "--abstain-threshold", "1e-300", "--predictions", str(preds)])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["abstain_threshold"] == 1e-300
+    rows = [json.loads(line) for line in preds.read_text().splitlines()]
+    assert len(rows) == 6 and all(row["answer"] == ABSTAIN and row["abstain_logprob"] < 0 for row in rows)
+    r = runner.invoke(app, [*args, "--abstain-threshold", "0", "--predictions", str(preds)])
+    assert json.loads(r.stdout.strip().splitlines()[-1])["abstain_threshold"] is None
+    assert not any("abstain_logprob" in line for line in preds.read_text().splitlines())
+    r = runner.invoke(app, [*args, "--abstain-threshold", "1.5"])
+    assert r.exit_code == 2
 
 
 def test_unknown_mode_is_one_line(env):

@@ -46,9 +46,11 @@ def test_scoring_leaves_the_answer_unchanged_below_the_threshold(tiny_lm, tmp_pa
 
 
 @pytest.mark.parametrize("tiny_lm", ["qwen2", "gemma3"], indirect=True)
-def test_abstention_logprob_equals_one_teacher_forced_forward(tiny_lm, tmp_path):
-    engine = _engine(tiny_lm, tmp_path, None)
-    prompt = engine.layout.build(Q, PASSAGES)
+def test_abstain_logprob_equals_one_teacher_forced_forward(tiny_lm, tmp_path):
+    """The reply's log-probability, read off the prefill forward, is the one a separate forward of prompt
+    + reply gives; with one passage turbo has full's positions, so the same."""
+    engine = _engine(tiny_lm, tmp_path, 1.0)
+    prompt = engine.layout.build(Q, PASSAGES[:1])
     reply = engine.abstain_ids
     ids = torch.tensor([prompt.ids + reply])  # (1, T + R)
     cache = hf_compat.buffered_cache(tiny_lm.config.num_hidden_layers)
@@ -56,10 +58,11 @@ def test_abstention_logprob_equals_one_teacher_forced_forward(tiny_lm, tmp_path)
         logits = hf_compat.forward(tiny_lm.model, ids, torch.arange(ids.shape[1])[None], cache)  # (1, T+R, V)
     logp = logits[0, len(prompt.ids) - 1 : -1].log_softmax(-1)  # (R, V): position j predicts reply[j]
     expected = logp.gather(1, torch.tensor(reply)[:, None]).sum().item()
-
-    cache, logits, next_pos, *_ = engine._prefill_full(prompt, reserve=16)
-    assert engine.abstention_logprob(cache, logits, next_pos) == pytest.approx(expected, abs=1e-4)
-    assert cache.layers[0].keys.shape[-2] == len(prompt.ids)  # cut back to the prompt
+    for mode in ("full", "turbo"):
+        got = engine.answer(Q, PASSAGES[:1], mode, SamplingParams(max_new_tokens=2)).abstain_logprob
+        assert got == pytest.approx(expected, abs=1e-4), mode
+    engine.abstain_threshold = None
+    assert engine.answer(Q, PASSAGES[:1], "full", SamplingParams(max_new_tokens=2)).abstain_logprob is None
 
 
 @pytest.mark.parametrize("tiny_lm", ["gemma3"], indirect=True)

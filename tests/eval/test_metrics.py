@@ -84,7 +84,7 @@ def test_answers_are_not_abstentions(prediction):
 
 class _Answer:
     def __init__(self, text):
-        self.text, self.ttft_s = text, 0.01
+        self.text, self.ttft_s, self.abstain_logprob = text, 0.01, None
 
 
 class _Engine:

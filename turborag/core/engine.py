@@ -61,12 +61,28 @@ class Answer:
     computed_chunks: int = 0  # chunks whose cache was missing and computed inside this request
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str = "stop"  # "stop" (EOS or stop string) or "length" (max_new_tokens reached)
+    abstain_logprob: float | None = None  # log p(ABSTAIN | prompt), scored when a threshold is set
 
 
 def check_mode(mode: str) -> str:
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}: use one of {', '.join(MODES)}")
     return mode
+
+
+def reply_logprob(logits: torch.Tensor, reply: list[int]) -> float:
+    """log p(reply | prompt) from `logits` (len(reply), vocab): those of the prompt's last token, then of
+    each reply token but the last, fed after it (teacher forcing).
+
+    Why the engine scores its abstention reply this way: greedy decoding abstains only when the reply's
+    tokens win one by one, yet the probability the shipped fine-tune gives the whole reply tells questions
+    whose answering passage is missing from answerable ones better (ROC AUC 0.98 on held-out twins,
+    docs/BENCHMARKS.md), so a threshold below one half catches more of them. The reply rides in the same
+    forward as the prompt (about 6 more tokens), so scoring costs no extra pass over the weights.
+    """
+    logp = logits.float().log_softmax(-1)  # (R, vocab)
+    target = torch.tensor(reply, device=logits.device)[:, None]  # (R, 1)
+    return logp.gather(1, target).sum().item()
 
 
 class Engine:
@@ -100,7 +116,7 @@ class Engine:
         pad = lm.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else 0
         # Abstain when the model gives the abstention reply at least this probability (None: only when
-        # greedy decoding picks it). Set from the fine-tune's record; `abstention_logprob` explains why.
+        # greedy decoding picks it). Set from the fine-tune's record; `reply_logprob` explains why.
         self.abstain_threshold = lm.abstain_threshold
         self.abstain_ids = answer_ids(lm.tokenizer, ABSTAIN)[:-1]  # the reply as trained, less its "\n"
         self.prefix_cache = PrefixCache(
@@ -231,45 +247,27 @@ class Engine:
         params = params or self.qa_params()
         t0 = time.perf_counter()
         prompt = self.layout.build(question, list(passages))
-        self.check_length(len(prompt.ids), params.max_new_tokens)
+        extra = self.abstain_ids[:-1] if self.abstain_threshold is not None else []
+        self.check_length(len(prompt.ids), max(params.max_new_tokens, len(extra)))
         reserve = params.max_new_tokens + 8  # decode room in the cache buffers
+        # With a threshold, the abstention reply (less its last token) is fed right after the prompt in the
+        # same forward, its probability read off, and cut back out of the cache (reply_logprob).
         if mode == "full":
-            cache, logits, next_pos, cached, computed = self._prefill_full(prompt, reserve)
+            cache, logits, next_pos, cached, computed = self._prefill_full(prompt, reserve, extra)
         else:
             cache, logits, next_pos, cached, computed = self._prefill_turbo(
-                prompt, mode, reserve + len(prompt.suffix)
+                prompt, mode, reserve + len(prompt.suffix), extra
             )
-        forced = None
+        forced, logp = None, None
         if self.abstain_threshold is not None:
-            if self.abstention_logprob(cache, logits, next_pos) >= math.log(self.abstain_threshold):
+            for layer in cache.layers:
+                layer.crop(len(extra))  # the prompt's cache again
+            logp = reply_logprob(logits, self.abstain_ids)
+            if logp >= math.log(self.abstain_threshold):
                 forced = self.abstain_ids
         return self._sequence(
-            cache, logits, next_pos, params, t0, mode, len(prompt.ids), cached, computed, forced
+            cache, logits[0], next_pos, params, t0, mode, len(prompt.ids), cached, computed, forced, logp
         )
-
-    @torch.inference_mode()
-    def abstention_logprob(self, cache, logits: torch.Tensor, next_pos: int) -> float:
-        """log p(ABSTAIN | prompt) on top of a prefilled prompt (`logits` (vocab,) of its last token); the
-        cache is left as it was.
-
-        Why: greedy decoding abstains only when the abstention's tokens win one by one, yet the probability
-        the shipped fine-tune gives the whole reply tells questions whose answering passage is missing
-        from answerable ones better (ROC AUC 0.98 on held-out twins, docs/BENCHMARKS.md); abstaining from a
-        threshold below one half catches more of them. The cost is one teacher-forced forward of the
-        reply's tokens (about 6) per request; then the cache is cut back.
-        """
-        reply, dev = self.abstain_ids, self.lm.device
-        logp = logits.float().log_softmax(-1)[reply[0]].item()
-        n = len(reply) - 1  # reply tokens fed to the model: each predicts the next one
-        if n:
-            x = torch.tensor([reply[:-1]], device=dev)  # (1, n)
-            pos = torch.arange(next_pos, next_pos + n, device=dev)[None]  # (1, n)
-            out = hf_compat.forward(self.lm.model, x, pos, cache, logits_to_keep=n)  # (1, n, vocab)
-            for layer in cache.layers:
-                layer.crop(n)  # the prompt's cache again
-            target = torch.tensor(reply[1:], device=dev)[:, None]  # (n, 1)
-            logp += out[0].float().log_softmax(-1).gather(1, target).sum().item()
-        return logp
 
     def complete_stream(
         self, prompt_ids: list[int], params: SamplingParams | None = None
@@ -320,7 +318,18 @@ class Engine:
         seq.fed(hf_compat.forward(self.lm.model, ids, pos, seq.cache, logits_to_keep=1)[0, -1])
 
     def _sequence(
-        self, cache, logits, next_pos, params, t0, mode, prompt_tokens, cached, computed, forced=None
+        self,
+        cache,
+        logits,
+        next_pos,
+        params,
+        t0,
+        mode,
+        prompt_tokens,
+        cached,
+        computed,
+        forced=None,
+        logp=None,
     ) -> DecodeState:
         """The decoding state after prefill; its Answer records the mode and the prompt's token counts."""
 
@@ -339,6 +348,7 @@ class Engine:
                 computed_chunks=computed,
                 token_ids=list(stream.ids),
                 finish_reason="length" if length_cut else "stop",
+                abstain_logprob=logp,
             )
 
         return DecodeState(
@@ -355,21 +365,17 @@ class Engine:
             forced,
         )
 
-    def _prefill_full(self, prompt: Prompt, reserve: int):
-        """Standard RAG: everything from scratch, positions 0..len-1."""
-        dev = self.lm.device
-        ids = torch.tensor([prompt.ids], device=dev)  # (1, T)
-        cache = hf_compat.buffered_cache(self.lm.config.num_hidden_layers, reserve=reserve)
-        with torch.inference_mode():
-            logits = hf_compat.forward(
-                self.lm.model, ids, torch.arange(ids.shape[1], device=dev)[None], cache, logits_to_keep=1
-            )
-        return cache, logits[0, -1], ids.shape[1], 0, 0
+    def _prefill_full(self, prompt: Prompt, reserve: int, extra: list[int]):
+        """Standard RAG: everything from scratch, positions 0..len-1, then `extra` tokens. Returns the logits
+        of the prompt's last token and of each extra token (1 + len(extra), vocab)."""
+        cache = hf_compat.buffered_cache(self.lm.config.num_hidden_layers, reserve=reserve + len(extra))
+        logits = self._feed(cache, prompt.ids + extra, 0, 1 + len(extra))
+        return cache, logits, len(prompt.ids), 0, 0
 
-    def _prefill_turbo(self, prompt: Prompt, mode: str, reserve: int):
-        """Load and assemble the chunk caches, then prefill only the question."""
-        cache, next_pos, cached, computed = self.assemble(prompt, mode, reserve)
-        logits = self.prefill_question(cache, prompt, next_pos)
+    def _prefill_turbo(self, prompt: Prompt, mode: str, reserve: int, extra: list[int]):
+        """Load and assemble the chunk caches, then prefill only the question (and `extra` tokens)."""
+        cache, next_pos, cached, computed = self.assemble(prompt, mode, reserve + len(extra))
+        logits = self._feed(cache, prompt.suffix + extra, next_pos, 1 + len(extra))
         return cache, logits, next_pos + len(prompt.suffix), cached, computed
 
     def assemble(self, prompt: Prompt, mode: str, reserve: int):
@@ -423,11 +429,14 @@ class Engine:
 
     def prefill_question(self, cache, prompt: Prompt, next_pos: int) -> torch.Tensor:
         """Run the question on top of an assembled context; returns the last position's logits (vocab,)."""
-        suffix = torch.tensor([prompt.suffix], device=self.lm.device)  # (1, S)
-        pos = torch.arange(next_pos, next_pos + suffix.shape[1], device=self.lm.device)[None]  # (1, S)
-        with torch.inference_mode():
-            logits = hf_compat.forward(self.lm.model, suffix, pos, cache, logits_to_keep=1)
-        return logits[0, -1]
+        return self._feed(cache, prompt.suffix, next_pos, 1)[0]
+
+    @torch.inference_mode()
+    def _feed(self, cache, ids: list[int], start: int, keep: int) -> torch.Tensor:
+        """Feed `ids` at positions start.. on top of `cache`; the logits of the last `keep` (keep, vocab)."""
+        x = torch.tensor([ids], device=self.lm.device)  # (1, T)
+        pos = torch.arange(start, start + len(ids), device=self.lm.device)[None]  # (1, T)
+        return hf_compat.forward(self.lm.model, x, pos, cache, logits_to_keep=keep)[0]
 
     def _recompute(self, cache, prompt: Prompt, positions: str, mode: str) -> int:
         """Refresh a few context tokens in place (recompute.py); returns how many."""

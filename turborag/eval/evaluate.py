@@ -148,6 +148,8 @@ def run_eval(
                 }
                 if not ex.answerable:
                     record["answerable"] = False
+                if a.abstain_logprob is not None:  # scored for the abstention threshold
+                    record["abstain_logprob"] = a.abstain_logprob
                 predictions.append(record)
     return {m: _summary(rows) for m, rows in scores.items()}
 
