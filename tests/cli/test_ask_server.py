@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from turborag.cli import app
 from turborag.cli.remote import SERVER_FILE, find_server
+from turborag.core.prompt import ABSTAIN
 
 runner = CliRunner()
 QUESTION = "Who rings the bell at the harbour?"
@@ -38,10 +39,11 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def server(store):
+def server(store, request):
     port = _free_port()
     env = {**os.environ, "TURBORAG_HOME": str(store.parent / "home")}
     cmd = [sys.executable, "-m", "turborag", "serve", "--store", str(store), "--port", str(port)]
+    cmd += getattr(request, "param", [])  # more serve options
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
@@ -103,3 +105,15 @@ def test_asking_through_the_server_imports_no_torch(store, server):
     env = {**os.environ, "TURBORAG_HOME": str(store.parent / "home")}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert f"via {url}" in out.stderr and "TORCH False" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("server", [["--abstain-threshold", "1e-300"]], indirect=True)
+def test_served_abstain_threshold_applies_to_asks_through_the_server(store, server):
+    """A threshold every probability reaches: the answer through the server is the abstention reply."""
+    url, proc = server
+    out = runner.invoke(app, ["ask", QUESTION, "--store", str(store), "--json", "--max-new-tokens", "40"])
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout)["answer"] == ABSTAIN
+    proc.terminate()
+    proc.wait(30)
+    assert "p >= 1e-300" in proc.stderr.read().decode()  # the startup note says so

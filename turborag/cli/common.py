@@ -56,6 +56,22 @@ TemplateOpt = typer.Option(
     "auto", "--template", help="prompt template: auto (chat if the model has one), plain, chat"
 )
 
+AbstainThresholdOpt = typer.Option(
+    None,
+    "--abstain-threshold",
+    min=0.0,
+    max=1.0,
+    help='abstain when the model gives the reply "The passages do not say." at least this probability '
+    "(default: the fine-tune's recorded threshold, none for other models; 0 = greedy decoding alone)",
+)
+
+
+def set_abstain_threshold(engine, value: float | None) -> None:
+    """--abstain-threshold: None keeps the model's recorded threshold, 0 turns it off."""
+    if value is not None:
+        engine.abstain_threshold = value or None
+
+
 # Options of the commands that work on a store (ingest, ask, remove, cache): the store remembers its model.
 StoreOpt = typer.Option(None, "--store", help="store directory (default: $TURBORAG_HOME/store)")
 StoreModelOpt = typer.Option(

@@ -14,6 +14,7 @@ import typer
 from rich.table import Table
 
 from turborag.cli.common import (
+    AbstainThresholdOpt,
     DeviceOpt,
     DtypeOpt,
     ModelOpt,
@@ -21,6 +22,7 @@ from turborag.cli.common import (
     check_plot,
     fail,
     parse_cache_format,
+    set_abstain_threshold,
     stdout,
     write_plot,
 )
@@ -67,14 +69,7 @@ def eval_cmd(
         help="format of the chunk caches: fp16, bf16, int8 or fp8 (default: the 16-bit compute dtype)",
     ),
     max_new_tokens: int = typer.Option(32, min=1),
-    abstain_threshold: float = typer.Option(
-        None,
-        "--abstain-threshold",
-        min=0.0,
-        max=1.0,
-        help='abstain when the model gives the reply "The passages do not say." at least this probability '
-        "(default: the fine-tune's recorded threshold, none for other models; 0 = greedy decoding alone)",
-    ),
+    abstain_threshold: float = AbstainThresholdOpt,
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     predictions: Path = typer.Option(None, help="also write every answer to this JSONL file"),
     plot: Path = typer.Option(
@@ -103,8 +98,7 @@ def eval_cmd(
     threshold = None
     for spec, group in group_by_model(mode_list, model).items():  # one model in memory at a time
         engine = engine_for(spec, device, store, template, dtype, cache_dtype)
-        if abstain_threshold is not None:
-            engine.abstain_threshold = abstain_threshold or None
+        set_abstain_threshold(engine, abstain_threshold)
         if spec == model:
             threshold = engine.abstain_threshold
         got = run_eval(engine, examples, group, max_new_tokens, progress=not as_json, predictions=preds)

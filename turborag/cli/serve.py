@@ -8,7 +8,15 @@ from pathlib import Path
 
 import typer
 
-from turborag.cli.common import DeviceOpt, StoreDtypeOpt, console, fail, parse_bytes
+from turborag.cli.common import (
+    AbstainThresholdOpt,
+    DeviceOpt,
+    StoreDtypeOpt,
+    console,
+    fail,
+    parse_bytes,
+    set_abstain_threshold,
+)
 from turborag.cli.loading import default_store, engine_for, load_engine, open_catalog
 from turborag.cli.remote import local_url, remove_server_file, write_server_file
 from turborag.core.defaults import DEFAULT_MAX_BATCH, DEFAULT_MODEL, DEFAULT_PREFILL_BUDGET
@@ -58,6 +66,7 @@ def serve(
         help="a replica: open the store's catalog read-only (SQLite mode=ro); uploads and deletes get 403, "
         "new ingests by another process are still picked up",
     ),
+    abstain_threshold: float = AbstainThresholdOpt,
 ) -> None:
     """OpenAI-compatible HTTP server: /v1/chat/completions (retrieval + turbo), /v1/completions, documents."""
     import uvicorn
@@ -81,6 +90,7 @@ def serve(
     backend = serve_backend(
         store, model, device, max_tokens, dtype=dtype, ram_cache_bytes=ram, read_only=read_only
     )
+    set_abstain_threshold(backend.engine, abstain_threshold)
     app = create_app(
         backend,
         api_key=api_key,
@@ -92,6 +102,8 @@ def serve(
     )
     where = f"store {backend.documents.root}" if backend.documents else "no store (no retrieval)"
     console.print(f"serving {backend.model_name} on http://{host}:{port}/v1 with {where}")
+    if (threshold := backend.engine.abstain_threshold) is not None:
+        console.print(f'note: answers "The passages do not say." when the model gives it p >= {threshold}')
     if notice := backend.engine.auto_notice():
         console.print(f"note: {notice} (requests that leave `turborag.mode` out get `auto`)")
     if backend.documents is None:
