@@ -102,6 +102,44 @@ def bench_ttft_cmd(
     write_plot(plot, plot_ttft, result)
 
 
+@app.command("abstain")
+def bench_abstain_cmd(
+    context_tokens: str = typer.Option("512,2048,8192", help="comma-separated context sizes in tokens"),
+    repeats: int = typer.Option(5, min=1, help="measurements per variant and size (median reported)"),
+    chunk_tokens: int = typer.Option(512, min=16),
+    model: str = ModelOpt,
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Turbo TTFT with and without scoring the abstention reply (--abstain-threshold), alternating."""
+    from turborag.bench.engine import bench_abstain_cost, rows_as_dicts
+
+    sizes = int_list(context_tokens, "--context-tokens")
+    engine = engine_for(model, device, turborag_home() / "bench-store", "auto", dtype)
+    if max(sizes) + 512 > engine.lm.max_positions:
+        fail(f"context of {max(sizes)} tokens does not fit the model's window of {engine.lm.max_positions}")
+    rows = bench_abstain_cost(
+        engine, sizes, repeats, chunk_tokens, log=lambda r: console.print(r) if not as_json else None
+    )
+    info = {
+        "model": model,
+        "device": str(engine.lm.device),
+        "dtype": str(engine.lm.dtype).replace("torch.", ""),
+    }
+    if as_json:
+        typer.echo(json.dumps({**info, "repeats": repeats, "rows": rows_as_dicts(rows)}))
+        return
+    table = Table(title=f"turbo TTFT with the abstention reply scored, {model}, median of {repeats}")
+    for col in ("context tokens", "turbo TTFT (s)", "scored TTFT (s)", "overhead"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(
+            str(r.context_tokens), f"{r.turbo_ttft_s:.3f}", f"{r.scored_ttft_s:.3f}", f"{r.overhead:.2f}x"
+        )
+    stdout().print(table)
+
+
 @app.command("store")
 def bench_store_cmd(
     formats: str = typer.Option(
