@@ -12,7 +12,7 @@ from turborag.core import hf_compat
 from turborag.core.batch import DecodeBatch
 from turborag.core.engine import Engine
 from turborag.core.generate import SamplingParams
-from turborag.core.model import abstain_threshold
+from turborag.core.model import abstain_threshold, adapter_dir_for
 from turborag.core.prompt import ABSTAIN
 from turborag.store.kv_store import KVStore
 
@@ -118,6 +118,7 @@ def test_threshold_is_read_from_the_fine_tune_record(tmp_path):
     assert abstain_threshold(tmp_path) is None
     (tmp_path / "turborag_finetune.json").write_text(json.dumps({"abstain_threshold": 0.35}))
     assert abstain_threshold(tmp_path) == 0.35
+    assert abstain_threshold(adapter_dir_for("gemma-3-270m-turbo")) is not None  # the shipped adapter's
     for bad in (0, -0.1, 1.5):
         (tmp_path / "turborag_finetune.json").write_text(json.dumps({"abstain_threshold": bad}))
         with pytest.raises(ValueError, match="abstain threshold"):
