@@ -129,3 +129,26 @@ def test_the_reply_is_the_trained_abstention(gemma_lm, tmp_path):
     engine = _engine(gemma_lm, tmp_path, None)
     text = gemma_lm.tokenizer.decode(engine.abstain_ids, skip_special_tokens=True)
     assert text.strip() == ABSTAIN  # as train/finetune.py tokenizes the target, less its newline
+
+
+def test_a_newline_merged_into_the_last_word_stays_in_the_reply(gemma_lm, tmp_path):
+    """Tokenizers such as Llama 3's have a ".\n" token: dropping the last token would drop the period too."""
+
+    class Merging:  # the character tokenizer, but with "." and "\n" as one token
+        def __init__(self, tok):
+            self.tok = tok
+
+        def __call__(self, text, add_special_tokens=True):
+            ids = self.tok(text.replace(".\n", "."), add_special_tokens=add_special_tokens)["input_ids"]
+            return {"input_ids": ids}
+
+        def decode(self, ids, **kwargs):
+            return self.tok.decode(ids, **kwargs)
+
+        def __getattr__(self, name):
+            return getattr(self.tok, name)
+
+    plain = _engine(gemma_lm, tmp_path / "a", None)
+    gemma_lm.tokenizer = Merging(gemma_lm.tokenizer)
+    merged = _engine(gemma_lm, tmp_path / "b", None)
+    assert merged.abstain_ids == plain.abstain_ids  # the same reply, its period kept

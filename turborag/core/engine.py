@@ -118,7 +118,9 @@ class Engine:
         # Abstain when the model gives the abstention reply at least this probability (None: only when
         # greedy decoding picks it). Set from the fine-tune's record; `reply_logprob` explains why.
         self.abstain_threshold = lm.abstain_threshold
-        self.abstain_ids = answer_ids(lm.tokenizer, ABSTAIN)[:-1]  # the reply as trained, less its "\n"
+        reply = answer_ids(lm.tokenizer, ABSTAIN)  # as trained: " The passages do not say." + "\n"
+        # less the newline, unless the tokenizer merged it into the last word (Llama 3 has ".\n")
+        self.abstain_ids = reply[:-1] if not lm.tokenizer.decode(reply[-1:]).strip() else reply
         self.prefix_cache = PrefixCache(
             block_size=prefix_block, max_tokens=prefix_cache_tokens, salt=lm.fingerprint
         )
