@@ -14,6 +14,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from turborag.cli import app
+from turborag.core.prompt import ABSTAIN
 
 runner = CliRunner()
 INGEST_KEYS = {"documents", "chunks", "new_chunks", "removed_chunks", "tokens", "seconds", "cache_bytes"}
@@ -70,6 +71,17 @@ def test_ask_json_and_streaming(ingested, env):
     assert r.stderr.startswith("note: ") and "`turborag finetune` would make plain turbo safe" in r.stderr
     r = runner.invoke(app, ["ask", "Who rings the bell?", "--max-new-tokens", "3", "--mode", "turbo"])
     assert r.exit_code == 0 and "[turbo] TTFT" in r.stderr and "note:" not in r.stderr
+
+
+def test_ask_abstain_threshold(ingested, env):
+    """A threshold every probability reaches gives the abstention reply; with --server it is an error, since
+    a server answers with its own threshold."""
+    args = ["ask", "Who rings the bell at the harbour?", "--max-new-tokens", "40", "--json"]
+    out = _json(runner.invoke(app, [*args, "--abstain-threshold", "1e-300"]))
+    assert out["answer"] == ABSTAIN
+    assert _json(runner.invoke(app, [*args, "--abstain-threshold", "0"]))["answer"] != ABSTAIN
+    r = runner.invoke(app, [*args, "--abstain-threshold", "0.5", "--server", "http://127.0.0.1:9"])
+    assert r.exit_code == 2 and "needs a local engine" in r.stderr
 
 
 def test_ask_errors(ingested, env, tiny_model_dir, tmp_path):

@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from turborag.cli.common import (
+    AbstainThresholdOpt,
     CollectionOpt,
     DeviceOpt,
     JsonOpt,
@@ -17,6 +18,7 @@ from turborag.cli.common import (
     StoreOpt,
     StoreTemplateOpt,
     fail,
+    set_abstain_threshold,
 )
 from turborag.cli.loading import default_store, load_engine, open_catalog
 from turborag.cli.remote import ServerError, ServerUnreachable, ask_server, find_server
@@ -46,6 +48,7 @@ def ask(
     ),
     local: bool = typer.Option(False, "--local", help="load the model here even if a server is running"),
     api_key: str = typer.Option(None, envvar="TURBORAG_API_KEY", help="the server's API key, if it has one"),
+    abstain_threshold: float = AbstainThresholdOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Answer from the store: retrieve top-k chunks, reuse their caches (turbo) or prefill them (full).
@@ -54,8 +57,13 @@ def ask(
         fail(f"unknown mode {mode}: use one of {', '.join(MODES)}")
     if not question.strip():
         fail("the question is empty")
-    # Asking for a particular model, dtype, template or device means this process's own engine.
-    own_engine = bool(model or template or dtype or device != "cpu")
+    # Asking for a particular model, dtype, template, device or threshold means this process's own engine.
+    own_engine = bool(model or template or dtype or device != "cpu" or abstain_threshold is not None)
+    if server and abstain_threshold is not None:
+        fail(
+            "--abstain-threshold needs a local engine: a server answers with its own "
+            "(`turborag serve --abstain-threshold`)"
+        )
     url = server or (None if local or own_engine else find_server(store or default_store()))
     if url:
         try:
@@ -67,7 +75,18 @@ def ask(
         except ServerError as e:
             fail(str(e))
     _ask_local(
-        question, store, collection, mode, top_k, max_new_tokens, model, device, template, dtype, as_json
+        question,
+        store,
+        collection,
+        mode,
+        top_k,
+        max_new_tokens,
+        model,
+        device,
+        template,
+        dtype,
+        as_json,
+        abstain_threshold,
     )
 
 
@@ -83,7 +102,18 @@ def _ask_remote(url, question, mode, top_k, max_new_tokens, api_key, as_json, co
 
 
 def _ask_local(
-    question, store, collection, mode, top_k, max_new_tokens, model, device, template, dtype, as_json
+    question,
+    store,
+    collection,
+    mode,
+    top_k,
+    max_new_tokens,
+    model,
+    device,
+    template,
+    dtype,
+    as_json,
+    abstain_threshold=None,
 ) -> None:
     from turborag.core.engine import Answer, PromptTooLong
     from turborag.rag.embed import Embedder
@@ -91,6 +121,7 @@ def _ask_local(
 
     catalog = open_catalog(store, create=False, collection=collection)
     engine = load_engine(catalog, model, device, template, dtype=dtype)
+    set_abstain_threshold(engine, abstain_threshold)
     retriever = Retriever(catalog, Embedder())
     if not len(retriever):
         where = f"store {catalog.root}" + ("" if collection == "default" else f", collection {collection},")
