@@ -20,30 +20,19 @@ import json
 import math
 from pathlib import Path
 
-import torch
-
 from turborag.cli.loading import engine_for
-from turborag.core import hf_compat
 from turborag.core.engine import Engine
-from turborag.core.prompt import ABSTAIN, answer_ids
+from turborag.core.generate import SamplingParams
 
 
 def abstention_logprob(engine: Engine, question: str, contexts: list[str], mode: str) -> float:
-    """log p(ABSTAIN | prompt): the reply's tokens teacher-forced after the prompt in one forward."""
-    prompt = engine.layout.build(question, contexts)
-    reply = answer_ids(engine.lm.tokenizer, ABSTAIN)[:-1]  # as training tokenizes a target, less the "\n"
-    if mode == "turbo":
-        cache, next_pos, _, _ = engine.assemble(prompt, "turbo", len(prompt.suffix) + len(reply))
-        ids = prompt.suffix + reply
-    else:
-        cache = hf_compat.buffered_cache(engine.lm.config.num_hidden_layers, reserve=0)
-        ids, next_pos = prompt.ids + reply, 0
-    x = torch.tensor([ids])  # (1, T)
-    pos = torch.arange(next_pos, next_pos + len(ids))[None]  # (1, T)
-    with torch.inference_mode():
-        logits = hf_compat.forward(engine.lm.model, x, pos, cache, logits_to_keep=len(reply) + 1)
-    logp = logits[0, :-1].float().log_softmax(-1)  # (len(reply), vocab): position j predicts reply[j]
-    return logp.gather(1, torch.tensor(reply)[:, None]).sum().item()
+    """log p(ABSTAIN | prompt), as the engine scores it for its threshold (the reply teacher-forced in the
+    prefill forward); threshold 1, which no probability reaches, scores without ever forcing the reply."""
+    saved, engine.abstain_threshold = engine.abstain_threshold, 1.0
+    try:
+        return engine.answer(question, contexts, mode, SamplingParams(max_new_tokens=1)).abstain_logprob
+    finally:
+        engine.abstain_threshold = saved
 
 
 def scores(engine: Engine, path: Path, mode: str, limit: int | None) -> list[float]:

@@ -74,20 +74,10 @@ def ask(
             typer.echo(f"warning: {e}; answering here", err=True)
         except ServerError as e:
             fail(str(e))
-    _ask_local(
-        question,
-        store,
-        collection,
-        mode,
-        top_k,
-        max_new_tokens,
-        model,
-        device,
-        template,
-        dtype,
-        as_json,
-        abstain_threshold,
-    )
+    catalog = open_catalog(store, create=False, collection=collection)
+    engine = load_engine(catalog, model, device, template, dtype=dtype)
+    set_abstain_threshold(engine, abstain_threshold)
+    _ask_local(engine, catalog, question, collection, mode, top_k, max_new_tokens, as_json)
 
 
 def _ask_remote(url, question, mode, top_k, max_new_tokens, api_key, as_json, collection) -> None:
@@ -101,27 +91,11 @@ def _ask_remote(url, question, mode, top_k, max_new_tokens, api_key, as_json, co
     _report(answer, answer.mode or mode, answer.chunks, as_json, via=url)
 
 
-def _ask_local(
-    question,
-    store,
-    collection,
-    mode,
-    top_k,
-    max_new_tokens,
-    model,
-    device,
-    template,
-    dtype,
-    as_json,
-    abstain_threshold=None,
-) -> None:
+def _ask_local(engine, catalog, question, collection, mode, top_k, max_new_tokens, as_json) -> None:
     from turborag.core.engine import Answer, PromptTooLong
     from turborag.rag.embed import Embedder
     from turborag.rag.retrieve import Retriever, fit_passages
 
-    catalog = open_catalog(store, create=False, collection=collection)
-    engine = load_engine(catalog, model, device, template, dtype=dtype)
-    set_abstain_threshold(engine, abstain_threshold)
     retriever = Retriever(catalog, Embedder())
     if not len(retriever):
         where = f"store {catalog.root}" + ("" if collection == "default" else f", collection {collection},")

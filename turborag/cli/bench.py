@@ -29,6 +29,17 @@ from turborag.core.defaults import DEFAULT_MAX_BATCH, DEFAULT_MODEL, turborag_ho
 app = typer.Typer(help="Benchmarks (ratios measured side by side in one run).", no_args_is_help=True)
 
 
+def _engine_for_sizes(
+    sizes: list[int], model: str, device: str, store: Path | None, template: str, dtype: str
+):
+    """The engine a context-size benchmark runs on (store default: $TURBORAG_HOME/bench-store), refusing
+    sizes that do not fit the model's window with room for the question."""
+    engine = engine_for(model, device, store or turborag_home() / "bench-store", template, dtype)
+    if max(sizes) + 512 > engine.lm.max_positions:
+        fail(f"context of {max(sizes)} tokens does not fit the model's window of {engine.lm.max_positions}")
+    return engine
+
+
 @app.command("ttft")
 def bench_ttft_cmd(
     context_tokens: str = typer.Option("512,2048,8192", help="comma-separated context sizes in tokens"),
@@ -49,9 +60,7 @@ def bench_ttft_cmd(
 
     sizes = int_list(context_tokens, "--context-tokens")
     check_plot(plot)
-    engine = engine_for(model, device, store or turborag_home() / "bench-store", template, dtype)
-    if max(sizes) + 512 > engine.lm.max_positions:
-        fail(f"context of {max(sizes)} tokens does not fit the model's window of {engine.lm.max_positions}")
+    engine = _engine_for_sizes(sizes, model, device, store, template, dtype)
     rows = bench_ttft(
         engine, sizes, repeats, chunk_tokens, log=lambda r: console.print(r) if not as_json else None
     )
@@ -116,9 +125,7 @@ def bench_abstain_cmd(
     from turborag.bench.engine import bench_abstain_cost, rows_as_dicts
 
     sizes = int_list(context_tokens, "--context-tokens")
-    engine = engine_for(model, device, turborag_home() / "bench-store", "auto", dtype)
-    if max(sizes) + 512 > engine.lm.max_positions:
-        fail(f"context of {max(sizes)} tokens does not fit the model's window of {engine.lm.max_positions}")
+    engine = _engine_for_sizes(sizes, model, device, None, "auto", dtype)
     rows = bench_abstain_cost(
         engine, sizes, repeats, chunk_tokens, log=lambda r: console.print(r) if not as_json else None
     )
