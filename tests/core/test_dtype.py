@@ -27,6 +27,16 @@ def test_explicit_names_and_bad_ones():
         resolve_dtype("fp8", CPU)
 
 
+@pytest.mark.parametrize("has_bf16", [True, False])
+def test_explicit_bf16_on_a_cpu_that_emulates_it_warns(monkeypatch, caplog, has_bf16):
+    monkeypatch.setattr(model_mod, "cpu_has_bf16", lambda: has_bf16)
+    with caplog.at_level("WARNING", logger="turborag.core.model"):
+        assert resolve_dtype("bfloat16", CPU) == torch.bfloat16
+        assert resolve_dtype("float32", CPU) == torch.float32
+    warned = [r for r in caplog.records if "emulated" in r.getMessage()]
+    assert len(warned) == (0 if has_bf16 else 1)
+
+
 @pytest.mark.parametrize(
     "flags, expected",
     [
