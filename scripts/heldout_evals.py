@@ -19,13 +19,12 @@ of the abstention reply, so the closing table gives both the greedy results and 
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from threshold_table import table  # noqa: E402
+from threshold_table import read_groups, table  # noqa: E402
 
 # name: (file in the eval folder, modes, max new tokens)
 SETS: dict[str, tuple[str, str, int]] = {
@@ -87,11 +86,6 @@ def run_eval(model: str, name: str, eval_dir: Path, out: Path) -> Path:
 
 def summary(name: str, pred: Path, threshold: float) -> list[str]:
     """Markdown rows: set, mode, then accuracy / abstained / falsely abstained, greedy and at threshold."""
-    by_mode: dict[str, list[dict]] = {}
-    for line in pred.read_text().splitlines():
-        r = json.loads(line)
-        by_mode.setdefault(r["mode"], []).append(r)
-
     def cells(r: dict) -> str:
         u, a = r["abstain_rate"], r["false_abstain_rate"]
         return " / ".join(
@@ -101,7 +95,7 @@ def summary(name: str, pred: Path, threshold: float) -> list[str]:
 
     return [
         f"| {name} | {mode} | {len(rows)} | {cells(table(rows, None))} | {cells(table(rows, threshold))} |"
-        for mode, rows in by_mode.items()
+        for mode, rows in read_groups(pred, lambda r: r["mode"]).items()
     ]
 
 

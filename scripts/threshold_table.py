@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 from turborag.eval.metrics import abstains
@@ -42,6 +43,15 @@ def table(rows: list[dict], threshold: float | None) -> dict[str, float | None]:
     }
 
 
+def read_groups(path: Path, key: Callable[[dict], str]) -> dict[str, list[dict]]:
+    """The predictions of a `turborag eval --predictions` file, grouped by key(row), in file order."""
+    groups: dict[str, list[dict]] = {}
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        groups.setdefault(key(r), []).append(r)
+    return groups
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("predictions", type=Path, nargs="+", help="`turborag eval --predictions` files")
@@ -49,11 +59,7 @@ def main() -> None:
     args = p.parse_args()
     thresholds = [None] + [float(t) for t in args.thresholds.split(",")]
     for path in args.predictions:
-        groups: dict[str, list[dict]] = {}
-        for line in path.read_text().splitlines():
-            r = json.loads(line)
-            groups.setdefault(f"{r['mode']}@{r['model']}", []).append(r)
-        for name, rows in groups.items():
+        for name, rows in read_groups(path, lambda r: f"{r['mode']}@{r['model']}").items():
             if any("abstain_logprob" not in r for r in rows):
                 raise SystemExit(
                     f"{path}: {name} has answers without abstain_logprob: eval with --abstain-threshold 1"
