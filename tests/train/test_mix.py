@@ -118,6 +118,21 @@ def test_paired_unanswerable_records_are_twins_of_answerable_ones():
         build_mix(10, paired=2.0)
 
 
+def test_synth_unanswerable_share_moves_unanswerable_records_between_the_halves():
+    """synth_unanswerable sets how many non-prose unanswerable records are synthetic; 0.5 is the mix of
+    before, and the answerable records and the unanswerable total stay as they were."""
+    plain = build_mix(120, seed=5, unanswerable=0.3)
+    assert build_mix(120, seed=5, unanswerable=0.3, synth_unanswerable=0.5) == plain
+    for share, expected in ((1.0, 36), (0.8, 28), (0.0, 0)):
+        records = build_mix(120, seed=5, unanswerable=0.3, synth_unanswerable=share)
+        parts = Counter(_part(r) for r in records)
+        assert parts[("synth", False)] == expected
+        assert parts[("stdlib", False)] == 36 - expected
+        assert parts[("synth", True)] == Counter(_part(r) for r in plain)[("synth", True)]
+    with pytest.raises(ValueError, match="synth_unanswerable"):
+        build_mix(10, synth_unanswerable=-0.1)
+
+
 def test_no_held_out_data_in_training(mix):
     train_packages = {m.split(".")[0] for m in TRAIN_MODULES}
     for r in mix:

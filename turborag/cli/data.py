@@ -117,6 +117,13 @@ def mix_cmd(
         help="share of the questions (answerable and unanswerable alike) asked in plain English about a "
         "sentence of the stdlib documentation ('How is X defined?', 'What happens in f if ...?')",
     ),
+    synth_unanswerable: float = typer.Option(
+        0.5,
+        min=0.0,
+        max=1.0,
+        help="share of the other unanswerable questions that are synthetic near-namesake ones (the rest "
+        "stdlib); with --paired they are twins of synthetic answerable questions",
+    ),
 ) -> None:
     """The cache-aware fine-tune's training mix: hard synthetic and stdlib text half each, plus a share of
     unanswerable questions; 60% of questions with 8-32 passages."""
@@ -127,7 +134,7 @@ def mix_cmd(
 
     if synth_answers not in ("value", "sentence"):
         fail(f"--synth-answers must be value or sentence, got {synth_answers!r}")
-    records = build_mix(n, seed, unanswerable, synth_answers, doc_style, paired, prose)
+    records = build_mix(n, seed, unanswerable, synth_answers, doc_style, paired, prose, synth_unanswerable)
     write_jsonl(records, out)
     typer.echo(f"wrote {len(records)} training questions to {out}", err=True)
     if eval_dir is not None:

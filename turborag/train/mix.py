@@ -38,6 +38,7 @@ the held-out synthetic domains.  Everything is deterministic for a seed.
 
 from __future__ import annotations
 
+import math
 import random
 
 from turborag.train.docstyle import as_document
@@ -52,6 +53,7 @@ UNANSWERABLE_SHARE = 0.15  # half synthetic, half real text; the answerable rest
 DOC_STYLE = 0.5  # share of real-text records rendered as documentation pages
 PROSE = 0.0  # share of the answerable (and of the unanswerable) records asked in plain English (prose.py)
 PAIRED = 0.0  # share of the unanswerable records that are twins of answerable ones (0: the earlier mixes)
+SYNTH_UNANSWERABLE = 0.5  # share of the unanswerable records (less the plain-English ones) that are synthetic
 SYNTH_ANSWERS = ("value", "sentence")
 LONG_SHARE = 0.6
 LONG_CONTEXTS = (8, 32)
@@ -127,6 +129,7 @@ def build_mix(
     doc_style: float = 0.0,
     paired: float = PAIRED,
     prose: float = PROSE,
+    synth_unanswerable: float = SYNTH_UNANSWERABLE,
 ) -> list[dict]:
     """n training records in a random order: a share `unanswerable` without an answering passage (half
     synthetic, half real text), the rest half hard synthetic (training domains; targets the value, or the
@@ -134,7 +137,8 @@ def build_mix(
     passage counts from `passage_count`; a share `doc_style` of the real-text records in documentation
     layout (docstyle.py); a share `paired` of the unanswerable records twins of answerable ones (`twin`);
     a share `prose` of both the answerable and the unanswerable records asked in plain English about a
-    sentence of stdlib documentation (prose.py), taken before the synthetic/real-text halves.
+    sentence of stdlib documentation (prose.py), taken before the synthetic/real-text halves; a share
+    `synth_unanswerable` of the other unanswerable records synthetic (floor), the rest real text.
 
     The shares are exact counts (rounded); every record has question, answers (target first), contexts,
     answer_index (None when unanswerable), answerable, source and kind.  Building 4000 takes seconds.
@@ -151,17 +155,20 @@ def build_mix(
         raise ValueError(f"paired must be a share in [0, 1], got {paired}")
     if not 0.0 <= prose <= 1.0:
         raise ValueError(f"prose must be a share in [0, 1], got {prose}")
+    if not 0.0 <= synth_unanswerable <= 1.0:
+        raise ValueError(f"synth_unanswerable must be a share in [0, 1], got {synth_unanswerable}")
     n_unanswerable = round(n * unanswerable)
     n_prose = round((n - n_unanswerable) * prose)
     n_prose_unanswerable = round(n_unanswerable * prose)
     n_synth = (n - n_unanswerable - n_prose + 1) // 2
     n_realtext = n - n_unanswerable - n_prose - n_synth
     n_rest = n_unanswerable - n_prose_unanswerable
+    n_synth_unanswerable = math.floor(n_rest * synth_unanswerable)  # 0.5: n_rest // 2, as before the option
     plan = (
         ["synth"] * n_synth
         + ["realtext"] * n_realtext
-        + ["synth-unanswerable"] * (n_rest // 2)
-        + ["realtext-unanswerable"] * (n_rest - n_rest // 2)
+        + ["synth-unanswerable"] * n_synth_unanswerable
+        + ["realtext-unanswerable"] * (n_rest - n_synth_unanswerable)
         + ["prose"] * n_prose
         + ["prose-unanswerable"] * n_prose_unanswerable
     )
