@@ -86,6 +86,7 @@ def run_eval(model: str, name: str, eval_dir: Path, out: Path) -> Path:
 
 def summary(name: str, pred: Path, threshold: float) -> list[str]:
     """Markdown rows: set, mode, then accuracy / abstained / falsely abstained, greedy and at threshold."""
+
     def cells(r: dict) -> str:
         u, a = r["abstain_rate"], r["false_abstain_rate"]
         return " / ".join(
