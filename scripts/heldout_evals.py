@@ -14,6 +14,7 @@ of the abstention reply, so the closing table gives both the greedy results and 
 
     python scripts/heldout_evals.py --model ft6/adapter --out runs/ft6-evals
     python scripts/heldout_evals.py --model gemma-3-270m-turbo --out runs/shipped --sets held16,realtext-doc
+    python scripts/heldout_evals.py --model ft7/adapter --out runs/ft7-turbo --modes turbo
 """
 
 from __future__ import annotations
@@ -65,9 +66,11 @@ def build_sets(eval_dir: Path, names: list[str]) -> None:
         subprocess.run([sys.executable, str(script), "--out", str(eval_dir / SETS["langref"][0])], check=True)
 
 
-def run_eval(model: str, name: str, eval_dir: Path, out: Path) -> Path:
-    """One set's eval, unless its predictions exist; returns the predictions file."""
-    file, modes, tokens = SETS[name]
+def run_eval(model: str, name: str, eval_dir: Path, out: Path, modes: str | None = None) -> Path:
+    """One set's eval (in `modes`, else the set's own), unless its predictions exist; returns the
+    predictions file."""
+    file, own_modes, tokens = SETS[name]
+    modes = modes or own_modes
     pred = out / f"{name}.pred.jsonl"
     if pred.exists():
         print(f"{name}: {pred} exists, kept", file=sys.stderr)
@@ -107,6 +110,11 @@ def main() -> None:
     p.add_argument("--eval-dir", type=Path, default=Path("eval"), help="held-out files (built if missing)")
     p.add_argument("--sets", default=",".join(SETS), help=f"comma-separated, of: {', '.join(SETS)}")
     p.add_argument("--threshold", type=float, default=0.35, help="abstention threshold of the last columns")
+    p.add_argument(
+        "--modes",
+        help="modes of every eval, e.g. turbo for a quick look at a candidate (default: each set's own, full "
+        "and turbo); a set whose predictions exist in --out is kept whatever its modes, so use a new --out",
+    )
     args = p.parse_args()
     names = [s.strip() for s in args.sets.split(",") if s.strip()]
     unknown = [n for n in names if n not in SETS]
@@ -118,7 +126,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for name in names:
-        rows += summary(name, run_eval(args.model, name, args.eval_dir, args.out), args.threshold)
+        rows += summary(name, run_eval(args.model, name, args.eval_dir, args.out, args.modes), args.threshold)
     print(f"| set | mode | n | greedy: right / abstained / falsely abstained | at {args.threshold} |")
     print("|---|---|---|---|---|")
     print("\n".join(rows))

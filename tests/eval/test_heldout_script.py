@@ -42,6 +42,17 @@ def test_runs_each_set_then_keeps_finished_ones(tiny_model_dir, env):
     assert "exists, kept" in r.stderr and (out / "held5.json").read_text() == before
 
 
+def test_modes_override_the_sets_own(tiny_model_dir, env):
+    eval_dir, out = env / "eval", env / "out"
+    eval_dir.mkdir()
+    write_jsonl(generate(2, 2, seed=1), eval_dir / "held16.jsonl")
+    args = ["--model", tiny_model_dir, "--out", str(out), "--eval-dir", str(eval_dir), "--sets", "held16"]
+    r = _run(*args, "--modes", "turbo")
+    assert r.returncode == 0, r.stderr
+    rows = [line.split(" | ")[:3] for line in r.stdout.splitlines() if line.startswith("| held16")]
+    assert rows == [["| held16", "turbo", "2"]]
+
+
 def test_bad_arguments_are_refused(env):
     r = _run("--model", "m", "--out", str(env / "o"), "--sets", "held5,nope")
     assert r.returncode == 2 and "unknown set(s) nope" in r.stderr
