@@ -134,7 +134,16 @@ def mix_cmd(
 
     if synth_answers not in ("value", "sentence"):
         fail(f"--synth-answers must be value or sentence, got {synth_answers!r}")
-    records = build_mix(n, seed, unanswerable, synth_answers, doc_style, paired, prose, synth_unanswerable)
+    records = build_mix(
+        n,
+        seed,
+        unanswerable,
+        synth_answers,
+        doc_style,
+        paired=paired,
+        prose=prose,
+        synth_unanswerable=synth_unanswerable,
+    )
     write_jsonl(records, out)
     typer.echo(f"wrote {len(records)} training questions to {out}", err=True)
     if eval_dir is not None:

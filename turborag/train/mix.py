@@ -38,7 +38,6 @@ the held-out synthetic domains.  Everything is deterministic for a seed.
 
 from __future__ import annotations
 
-import math
 import random
 
 from turborag.train.docstyle import as_document
@@ -163,7 +162,7 @@ def build_mix(
     n_synth = (n - n_unanswerable - n_prose + 1) // 2
     n_realtext = n - n_unanswerable - n_prose - n_synth
     n_rest = n_unanswerable - n_prose_unanswerable
-    n_synth_unanswerable = math.floor(n_rest * synth_unanswerable)  # 0.5: n_rest // 2, as before the option
+    n_synth_unanswerable = int(n_rest * synth_unanswerable)  # floor; 0.5 gives n_rest // 2, as before
     plan = (
         ["synth"] * n_synth
         + ["realtext"] * n_realtext
