@@ -21,6 +21,8 @@ same data stream, because example order is a pure function of (seed, step).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import logging
 import math
@@ -283,6 +285,7 @@ def finetune(lm: LoadedModel, cfg: TrainConfig, progress: bool = True) -> Path:
             total += loss.item() / cfg.batch
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
+        release_freed_memory()
         losses.append(round(total, 5))
         bar.set_postfix(loss=f"{total:.3f}", avg20=f"{sum(losses[-20:]) / len(losses[-20:]):.3f}")
         bar.update(1)
@@ -297,9 +300,35 @@ def finetune(lm: LoadedModel, cfg: TrainConfig, progress: bool = True) -> Path:
 
 
 def _log_step(out: Path, step: int, loss: float, lr: float, seconds: float) -> None:
-    """One JSON line per step in out/log.jsonl: the loss curve and the seconds per step, kept on disk."""
+    """One JSON line per step in out/log.jsonl: the loss curve, the seconds per step and the resident
+    memory after it (GB, where /proc tells), kept on disk."""
+    row = {"step": step, "loss": round(loss, 5), "lr": lr, "s": round(seconds, 3)}
+    rss = resident_gb()
+    if rss is not None:
+        row["rss_gb"] = round(rss, 2)
     with open(out / "log.jsonl", "a", encoding="utf-8") as f:
-        f.write(json.dumps({"step": step, "loss": round(loss, 5), "lr": lr, "s": round(seconds, 3)}) + "\n")
+        f.write(json.dumps(row) + "\n")
+
+
+def resident_gb() -> float | None:
+    """This process's resident memory in GB (Linux /proc), else None."""
+    try:
+        pages = int(Path("/proc/self/statm").read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pages * os.sysconf("SC_PAGE_SIZE") / 1e9
+
+
+def release_freed_memory() -> None:
+    """Hand memory freed by the last step back to the OS (glibc's malloc_trim; a no-op elsewhere).
+
+    Every example has its own passage count and lengths, so each step frees activations of new sizes, and
+    glibc keeps the freed pages in its arenas instead of returning them: an 800-question run grew from
+    12 GB to 24 GB resident over 120 steps and was killed by the OOM killer on a 24 GB machine."""
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def save_adapter(model, cfg: TrainConfig, dest: Path, steps: int) -> None:
