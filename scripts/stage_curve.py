@@ -21,9 +21,10 @@ def read_points(points: list[str], name: str, mode: str) -> list[tuple[int, floa
     for point in points:
         step, _, folder = point.partition(":")
         result = Path(folder) / f"{name}.json"
-        if not result.is_file() or not result.read_text().strip():
+        text = result.read_text() if result.is_file() else ""
+        if not text.strip():
             continue  # not evaluated (yet)
-        modes = json.loads(result.read_text())["modes"]
+        modes = json.loads(text)["modes"]
         if mode in modes:
             found.append((int(step), 100 * modes[mode]["accuracy"]))
     return sorted(found)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import json
 import logging
 import math
@@ -325,10 +326,18 @@ def release_freed_memory() -> None:
     Every example has its own passage count and lengths, so each step frees activations of new sizes, and
     glibc keeps the freed pages in its arenas instead of returning them: an 800-question run grew from
     12 GB to 24 GB resident over 120 steps and was killed by the OOM killer on a 24 GB machine."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's malloc_trim, looked up once (find_library runs ldconfig), or None where libc lacks it."""
     try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
     except (OSError, AttributeError):
-        pass
+        return None
 
 
 def save_adapter(model, cfg: TrainConfig, dest: Path, steps: int) -> None:
