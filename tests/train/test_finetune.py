@@ -254,12 +254,15 @@ def test_init_adapter_starts_a_second_stage_from_the_first(tmp_path, tiny_model_
 
 
 def test_resident_memory_is_read_and_freed_memory_released():
-    """The loop's memory helpers: a plausible resident size on Linux, and a trim that never raises."""
-    from turborag.train.finetune import release_freed_memory, resident_gb
+    """The loop's memory helpers: a plausible resident size on Linux, and a trim that never raises and runs
+    only past its share of RAM."""
+    from turborag.train.finetune import _malloc_trim, release_freed_memory, resident_gb
 
     rss = resident_gb()
     if Path("/proc/self/statm").exists():
         assert rss is not None and 0.01 < rss < 100
     else:
         assert rss is None
-    release_freed_memory()  # glibc: returns freed arena pages to the OS; elsewhere: nothing
+    assert release_freed_memory(above=0) is (_malloc_trim() is not None)  # glibc: trims; elsewhere: nothing
+    assert release_freed_memory(above=2.0) is False  # never holds twice the machine's RAM
+    assert release_freed_memory() is False  # a test process is far below 70% of RAM
