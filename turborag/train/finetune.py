@@ -332,13 +332,17 @@ def release_freed_memory(above: float = 0.8) -> bool:
     nears the machine's limit: one step of 32 long passages holds about 17 GB, so at 0.7 of 24 GB it still
     trimmed every 3-5 steps. above=0 trims every time (the tests use it)."""
     trim = _malloc_trim()
-    rss, total = resident_gb(), _ram_gb()
-    if trim is None or (above > 0 and (rss is None or total is None or rss < above * total)):
+    if trim is None:
         return False
+    if above > 0:
+        rss, total = resident_gb(), _ram_gb()
+        if rss is None or total is None or rss < above * total:
+            return False
     trim(0)
     return True
 
 
+@functools.cache
 def _ram_gb() -> float | None:
     """The machine's physical memory in GB, or None where sysconf does not tell."""
     try:
