@@ -81,7 +81,28 @@ def test_ask_abstain_threshold(ingested, env):
     assert out["answer"] == ABSTAIN
     assert _json(runner.invoke(app, [*args, "--abstain-threshold", "0"]))["answer"] != ABSTAIN
     r = runner.invoke(app, [*args, "--abstain-threshold", "0.5", "--server", "http://127.0.0.1:9"])
-    assert r.exit_code == 2 and "needs a local engine" in r.stderr
+    assert r.exit_code == 2 and "policy needs a local engine" in r.stderr
+
+
+def test_ask_name_check(ingested, env):
+    """--name-check declines a question naming something no retrieved passage mentions, and says which; a
+    question without names is answered as before; with --server it is an error."""
+    args = ["ask", "--max-new-tokens", "40", "--json"]
+    out = _json(runner.invoke(app, [*args, "Who rings the bell at Quorvik Harbour?", "--name-check"]))
+    assert out["answer"] == ABSTAIN and out["missing_names"] == ["Quorvik Harbour"]
+    r = runner.invoke(
+        app, ["ask", "Who rings the bell at Quorvik Harbour?", "--max-new-tokens", "40", "--name-check"]
+    )
+    assert r.exit_code == 0 and "declined: no passage mentions Quorvik Harbour" in r.stderr
+    out = _json(runner.invoke(app, [*args, "Who rings the bell at Quorvik Harbour?", "--no-name-check"]))
+    assert out["answer"] != ABSTAIN and "missing_names" not in out
+    plain = [
+        _json(runner.invoke(app, [*args, "Who rings the bell at the harbour?", *f]))
+        for f in ([], ["--name-check"])
+    ]
+    assert plain[0]["answer"] == plain[1]["answer"] and "missing_names" not in plain[1]
+    r = runner.invoke(app, [*args, "Who?", "--name-check", "--server", "http://127.0.0.1:9"])
+    assert r.exit_code == 2 and "policy needs a local engine" in r.stderr
 
 
 def test_ask_errors(ingested, env, tiny_model_dir, tmp_path):

@@ -57,6 +57,37 @@ def test_eval_abstain_threshold_scores_and_abstains(tiny_model_dir, env):
     assert r.exit_code == 2
 
 
+def test_eval_name_check_records_and_declines(tiny_model_dir, env):
+    """Each prediction records the names no passage mentions, whether or not the check is on; with
+    --name-check those questions are answered with the abstention and the JSON says the check was on."""
+    data, preds = env / "d.jsonl", env / "p.jsonl"
+    rows = [
+        {"question": "Who founded Veltrano Dynamics?", "answers": ["Ismena Throll"],
+         "contexts": ["Veltrano Dynamics was founded by Ismena Throll."]},
+        {"question": "Who founded Veltreno Dynamics?", "answers": [ABSTAIN], "answerable": False,
+         "contexts": ["Veltrano Dynamics was founded by Ismena Throll."]},
+    ]  # fmt: skip
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = [
+        "eval",
+        str(data),
+        "--model",
+        tiny_model_dir,
+        "--json",
+        "--modes",
+        "turbo",
+        "--predictions",
+        str(preds),
+    ]
+    for flag, on in (("--no-name-check", False), ("--name-check", True)):
+        r = runner.invoke(app, [*args, flag, "--max-new-tokens", "40"])
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.stdout.strip().splitlines()[-1])["name_check"] is on
+        got = [json.loads(line) for line in preds.read_text().splitlines()]
+        assert "missing_names" not in got[0] and got[1]["missing_names"] == ["Veltreno Dynamics"]
+        assert (got[1]["answer"] == ABSTAIN) is on
+
+
 def test_unknown_mode_is_one_line(env):
     data = env / "d.jsonl"
     write_jsonl(generate(1, 1), data)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -34,6 +35,11 @@ def test_runs_each_set_then_keeps_finished_ones(tiny_model_dir, env):
     # answerable sets have no abstention rate, unanswerable ones no false-abstention rate
     assert rows[0].split(" | ")[3].split(" / ")[1] == "-"
     assert rows[2].split(" | ")[3].split(" / ")[2] == "-"
+    # the unanswerable questions name an entity whose passage is gone: the name check declines the film (two
+    # capitalized words), not the one-word city, whatever the tiny model answered
+    preds = [json.loads(line) for line in (out / "unanswerable-doc.pred.jsonl").read_text().splitlines()]
+    assert {tuple(p.get("missing_names", ())) for p in preds} == {(), ("The Kraesoutoth Covenant",)}
+    assert all(float(row.split(" | ")[5].split(" / ")[1][:-1]) >= 50.0 for row in rows[2:])
     assert (out / "held5.pred.jsonl").exists() and not list(out.glob("*.partial"))
 
     before = (out / "held5.json").read_text()

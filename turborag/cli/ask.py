@@ -13,12 +13,14 @@ from turborag.cli.common import (
     CollectionOpt,
     DeviceOpt,
     JsonOpt,
+    NameCheckOpt,
     StoreDtypeOpt,
     StoreModelOpt,
     StoreOpt,
     StoreTemplateOpt,
     fail,
     set_abstain_threshold,
+    set_name_check,
 )
 from turborag.cli.loading import default_store, load_engine, open_catalog
 from turborag.cli.remote import ServerError, ServerUnreachable, ask_server, find_server
@@ -49,6 +51,7 @@ def ask(
     local: bool = typer.Option(False, "--local", help="load the model here even if a server is running"),
     api_key: str = typer.Option(None, envvar="TURBORAG_API_KEY", help="the server's API key, if it has one"),
     abstain_threshold: float = AbstainThresholdOpt,
+    name_check: bool = NameCheckOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Answer from the store: retrieve top-k chunks, reuse their caches (turbo) or prefill them (full).
@@ -57,12 +60,13 @@ def ask(
         fail(f"unknown mode {mode}: use one of {', '.join(MODES)}")
     if not question.strip():
         fail("the question is empty")
-    # Asking for a particular model, dtype, template, device or threshold means this process's own engine.
-    own_engine = bool(model or template or dtype or device != "cpu" or abstain_threshold is not None)
-    if server and abstain_threshold is not None:
+    # Asking for a particular model, dtype, template, device or answer policy means this process's own engine.
+    policy = abstain_threshold is not None or name_check is not None
+    own_engine = bool(model or template or dtype or device != "cpu" or policy)
+    if server and policy:
         fail(
-            "--abstain-threshold needs a local engine: a server answers with its own "
-            "(`turborag serve --abstain-threshold`)"
+            "--abstain-threshold and --name-check: the answer policy needs a local engine; a server answers "
+            "with its own (`turborag serve --abstain-threshold ... --name-check`)"
         )
     url = server or (None if local or own_engine else find_server(store or default_store()))
     if url:
@@ -77,6 +81,7 @@ def ask(
     catalog = open_catalog(store, create=False, collection=collection)
     engine = load_engine(catalog, model, device, template, dtype=dtype)
     set_abstain_threshold(engine, abstain_threshold)
+    set_name_check(engine, name_check)
     _ask_local(engine, catalog, question, collection, mode, top_k, max_new_tokens, as_json)
 
 
@@ -122,6 +127,9 @@ def _ask_local(engine, catalog, question, collection, mode, top_k, max_new_token
         elif not as_json:
             sys.stdout.write(item)
             sys.stdout.flush()
+    if answer.missing_names:
+        names = ", ".join(answer.missing_names)
+        typer.echo(f"note: declined: no passage mentions {names} (--no-name-check answers anyway)", err=True)
     if answer.computed_chunks:
         typer.echo(
             f"warning: {answer.computed_chunks} chunk caches were missing or damaged and were "
@@ -143,6 +151,8 @@ def _report(answer, mode: str, ids: list[str], as_json: bool, via: str | None = 
             "cached_tokens": answer.cached_tokens,
             "chunks": ids,
         }
+        if getattr(answer, "missing_names", None):  # declined by the name check
+            out["missing_names"] = answer.missing_names
         typer.echo(json.dumps(out))
         return
     typer.echo("")

@@ -72,6 +72,20 @@ def set_abstain_threshold(engine, value: float | None) -> None:
         engine.abstain_threshold = value or None
 
 
+NameCheckOpt = typer.Option(
+    None,
+    "--name-check/--no-name-check",
+    help='answer "The passages do not say." when the question names code or a proper name (two capitalized '
+    "words) that no passage mentions (default: on for a fine-tune that records it, off for other models)",
+)
+
+
+def set_name_check(engine, value: bool | None) -> None:
+    """--name-check / --no-name-check: None keeps the model's recorded setting."""
+    if value is not None:
+        engine.name_check = value
+
+
 # Options of the commands that work on a store (ingest, ask, remove, cache): the store remembers its model.
 StoreOpt = typer.Option(None, "--store", help="store directory (default: $TURBORAG_HOME/store)")
 StoreModelOpt = typer.Option(

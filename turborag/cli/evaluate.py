@@ -18,11 +18,13 @@ from turborag.cli.common import (
     DeviceOpt,
     DtypeOpt,
     ModelOpt,
+    NameCheckOpt,
     TemplateOpt,
     check_plot,
     fail,
     parse_cache_format,
     set_abstain_threshold,
+    set_name_check,
     stdout,
     write_plot,
 )
@@ -70,6 +72,7 @@ def eval_cmd(
     ),
     max_new_tokens: int = typer.Option(32, min=1),
     abstain_threshold: float = AbstainThresholdOpt,
+    name_check: bool = NameCheckOpt,
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     predictions: Path = typer.Option(None, help="also write every answer to this JSONL file"),
     plot: Path = typer.Option(
@@ -95,12 +98,13 @@ def eval_cmd(
         fail(f"{data}: no usable question ({len(problems)} bad lines)")
     preds: list[dict] = []
     results = {}
-    threshold = None
+    threshold, checked = None, None
     for spec, group in group_by_model(mode_list, model).items():  # one model in memory at a time
         engine = engine_for(spec, device, store, template, dtype, cache_dtype)
         set_abstain_threshold(engine, abstain_threshold)
+        set_name_check(engine, name_check)
         if spec == model:
-            threshold = engine.abstain_threshold
+            threshold, checked = engine.abstain_threshold, engine.name_check
         got = run_eval(engine, examples, group, max_new_tokens, progress=not as_json, predictions=preds)
         results.update({(m if spec == model else f"{m}@{spec}"): r for m, r in got.items()})
         del engine
@@ -111,6 +115,7 @@ def eval_cmd(
         "modes": {m: _row(r, abstentions) for m, r in results.items()},
         "model": model,
         "abstain_threshold": threshold,  # the one --model answered with
+        "name_check": checked,
         "skipped_lines": len(problems),
     }
     if as_json:

@@ -11,11 +11,13 @@ import typer
 from turborag.cli.common import (
     AbstainThresholdOpt,
     DeviceOpt,
+    NameCheckOpt,
     StoreDtypeOpt,
     console,
     fail,
     parse_bytes,
     set_abstain_threshold,
+    set_name_check,
 )
 from turborag.cli.loading import default_store, engine_for, load_engine, open_catalog
 from turborag.cli.remote import local_url, remove_server_file, write_server_file
@@ -67,6 +69,7 @@ def serve(
         "new ingests by another process are still picked up",
     ),
     abstain_threshold: float = AbstainThresholdOpt,
+    name_check: bool = NameCheckOpt,
 ) -> None:
     """OpenAI-compatible HTTP server: /v1/chat/completions (retrieval + turbo), /v1/completions, documents."""
     import uvicorn
@@ -91,6 +94,7 @@ def serve(
         store, model, device, max_tokens, dtype=dtype, ram_cache_bytes=ram, read_only=read_only
     )
     set_abstain_threshold(backend.engine, abstain_threshold)
+    set_name_check(backend.engine, name_check)
     app = create_app(
         backend,
         api_key=api_key,
@@ -104,6 +108,10 @@ def serve(
     console.print(f"serving {backend.model_name} on http://{host}:{port}/v1 with {where}")
     if (threshold := backend.engine.abstain_threshold) is not None:
         console.print(f'note: answers "The passages do not say." when the model gives it p >= {threshold}')
+    if backend.engine.name_check:
+        console.print(
+            'note: answers "The passages do not say." when no passage mentions a name the question asks about'
+        )
     if notice := backend.engine.auto_notice():
         console.print(f"note: {notice} (requests that leave `turborag.mode` out get `auto`)")
     if backend.documents is None:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from turborag.core import hf_compat, kv, recompute
+from turborag.core import grounding, hf_compat, kv, recompute
 from turborag.core.defaults import MODES, UNTUNED_MODE
 from turborag.core.generate import DecodeState, SamplingParams, eos_ids
 from turborag.core.model import LoadedModel, layer_inv_freq, layer_windows
@@ -62,6 +62,7 @@ class Answer:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str = "stop"  # "stop" (EOS or stop string) or "length" (max_new_tokens reached)
     abstain_logprob: float | None = None  # log p(ABSTAIN | prompt), scored when a threshold is set
+    missing_names: list[str] = field(default_factory=list)  # why the name check declined (grounding.py)
 
 
 def check_mode(mode: str) -> str:
@@ -118,6 +119,8 @@ class Engine:
         # Abstain when the model gives the abstention reply at least this probability (None: only when
         # greedy decoding picks it). Set from the fine-tune's record; `reply_logprob` explains why.
         self.abstain_threshold = lm.abstain_threshold
+        # Decline, without asking the model, a question that names something no passage mentions.
+        self.name_check = lm.name_check
         reply = answer_ids(lm.tokenizer, ABSTAIN)  # as trained: " The passages do not say." + "\n"
         # less the newline, unless the tokenizer merged it into the last word (Llama 3 has ".\n")
         self.abstain_ids = reply[:-1] if not lm.tokenizer.decode(reply[-1:]).strip() else reply
@@ -267,8 +270,23 @@ class Engine:
             logp = reply_logprob(logits, self.abstain_ids)
             if logp >= math.log(self.abstain_threshold):
                 forced = self.abstain_ids
+        # The prefill above still runs on a declined question: its TTFT and token counts stay comparable.
+        missing = grounding.missing_names(question, passages) if self.name_check else []
+        if missing:
+            forced = self.abstain_ids
         return self._sequence(
-            cache, logits[0], next_pos, params, t0, mode, len(prompt.ids), cached, computed, forced, logp
+            cache,
+            logits[0],
+            next_pos,
+            params,
+            t0,
+            mode,
+            len(prompt.ids),
+            cached,
+            computed,
+            forced,
+            logp,
+            missing,
         )
 
     def complete_stream(
@@ -332,6 +350,7 @@ class Engine:
         computed,
         forced=None,
         logp=None,
+        missing=(),
     ) -> DecodeState:
         """The decoding state after prefill; its Answer records the mode and the prompt's token counts."""
 
@@ -351,6 +370,7 @@ class Engine:
                 token_ids=list(stream.ids),
                 finish_reason="length" if length_cut else "stop",
                 abstain_logprob=logp,
+                missing_names=list(missing),
             )
 
         return DecodeState(

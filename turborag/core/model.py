@@ -49,6 +49,8 @@ class LoadedModel:
     cache_aware: bool = False  # carries a cache-aware fine-tune (turbo is safe on it)
     # abstain when p("The passages do not say.") reaches this (engine.py); from the fine-tune's record
     abstain_threshold: float | None = None
+    # decline a question naming something no passage mentions (grounding.py); from the fine-tune's record
+    name_check: bool = False
 
     @property
     def config(self):
@@ -299,6 +301,7 @@ def _load_adapter(adapter: Path, device: str, dtype: torch.dtype) -> LoadedModel
         dtype,
         cache_aware=is_cache_aware(adapter),
         abstain_threshold=abstain_threshold(adapter),
+        name_check=name_check(adapter),
     )
 
 
@@ -320,6 +323,12 @@ def abstain_threshold(folder: Path) -> float | None:
     set by hand after measuring it: docs/BENCHMARKS.md), or None."""
     value = _finetune_record(folder).get("abstain_threshold")
     return None if value is None else check_abstain_threshold(float(value))
+
+
+def name_check(folder: Path) -> bool:
+    """Whether a fine-tune's record turns the engine's name check on (`name_check` in its
+    turborag_finetune.json): only a model trained to give the abstention reply should be made to give it."""
+    return bool(_finetune_record(folder).get("name_check", False))
 
 
 def check_abstain_threshold(value: float) -> float:
@@ -370,6 +379,7 @@ def load_model(
         dtype,
         cache_aware=is_cache_aware(folder),
         abstain_threshold=abstain_threshold(folder),
+        name_check=name_check(folder),
     )
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from turborag.core import grounding
 from turborag.core.engine import Engine, check_mode
 from turborag.core.generate import SamplingParams
 from turborag.eval.metrics import abstains, contains_answer, exact_match
@@ -150,6 +151,9 @@ def run_eval(
                     record["answerable"] = False
                 if a.abstain_logprob is not None:  # scored for the abstention threshold
                     record["abstain_logprob"] = a.abstain_logprob
+                # what the name check finds, whether or not the engine applied it (scripts/threshold_table.py)
+                if missing := grounding.missing_names(ex.question, ex.contexts):
+                    record["missing_names"] = missing
                 predictions.append(record)
     return {m: _summary(rows) for m, rows in scores.items()}
 

@@ -76,8 +76,12 @@ class Shape:
 
 def turborag_field(extra: dict, a: Answer) -> dict:
     """The response's `turborag` object: the chunks used, the mode, TTFT, and how many chunk caches could
-    not be read (evicted, or the store unreachable) and were computed inside the request."""
-    return {**extra, "mode": a.mode, "ttft_s": a.ttft_s, "computed_chunks": a.computed_chunks}
+    not be read (evicted, or the store unreachable) and were computed inside the request; `missing_names`
+    when the name check declined."""
+    out = {**extra, "mode": a.mode, "ttft_s": a.ttft_s, "computed_chunks": a.computed_chunks}
+    if a.missing_names:  # the name check declined: the names no passage mentions
+        out["missing_names"] = a.missing_names
+    return out
 
 
 async def respond(
