@@ -50,3 +50,14 @@ def test_one_passage_turbo_equals_full_on_real_model(engine):
     full = engine.answer("Which band released Grey Lanterns?", PASSAGES[2:], "full", params)
     turbo = engine.answer("Which band released Grey Lanterns?", PASSAGES[2:], "turbo", params)
     assert full.token_ids == turbo.token_ids
+
+
+def test_default_model_declines_a_name_no_passage_mentions(engine):
+    """The shipped adapter records the name check: a near-namesake of a passage's company is declined in
+    every mode, and says which name was missing; the real name is not."""
+    assert engine.name_check and engine.abstain_threshold is not None
+    params = SamplingParams(max_new_tokens=16, stop_at_newline=True)
+    for mode in ("full", "turbo"):
+        a = engine.answer("Who founded Veltreno Dynamics?", PASSAGES, mode, params)
+        assert a.text == "The passages do not say." and a.missing_names == ["Veltreno Dynamics"], mode
+        assert engine.answer("Who founded Veltrano Dynamics?", PASSAGES, mode, params).missing_names == []
