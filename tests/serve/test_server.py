@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from turborag.bench.serve import ServedApp
 from turborag.cli import app
 from turborag.cli.serve import serve_backend
+from turborag.core.prompt import ABSTAIN
 from turborag.serve import create_app
 from turborag.serve.worker import ModelWorker, QueueFull
 
@@ -109,6 +110,25 @@ def test_contexts_extension_and_completions_prompt_caching(served):
         model="turborag", messages=msgs, max_tokens=2, extra_body={"turborag": {"retrieve": False}}
     )
     assert b.usage.prompt_tokens_details.cached_tokens > a.usage.prompt_tokens_details.cached_tokens
+
+
+def test_name_check_declines_and_lists_the_missing_names(served):
+    engine = served.backend.engine
+    body = {"turborag": {"contexts": ["Veltrano Dynamics was founded by Ada."]}}
+    engine.name_check = True  # as the default model records it; the tiny model does not
+    try:
+        for question, missing in (("Who founded Veltreno Dynamics?", ["Veltreno Dynamics"]),
+                                  ("Who founded Veltrano Dynamics?", None)):  # fmt: skip
+            r = served.client.chat.completions.create(
+                model="turborag",
+                messages=[{"role": "user", "content": question}],
+                max_tokens=40,
+                extra_body=body,
+            )
+            assert r.model_extra["turborag"].get("missing_names") == missing
+            assert (r.choices[0].message.content == ABSTAIN) is (missing is not None)
+    finally:
+        engine.name_check = False
 
 
 def test_documents_added_and_removed_change_retrieval(served):
