@@ -37,6 +37,7 @@ SETS: dict[str, tuple[str, str, int]] = {
     "prose-doc": ("prose-doc-eval.jsonl", "turbo,full", 48),
     "prose-unanswerable-doc": ("prose-unanswerable-doc-eval.jsonl", "turbo,full", 48),
     "langref": ("langref-eval.jsonl", "turbo,full", 48),
+    "langref-names": ("langref-names-eval.jsonl", "turbo,full", 48),
 }
 
 
@@ -62,9 +63,11 @@ def build_sets(eval_dir: Path, names: list[str]) -> None:
                          "film,astronomy", "--out", str(out), "--seed", str(seed)),
                 check=True,
             )  # fmt: skip
-    if "langref" in missing:
-        script = Path(__file__).resolve().parent / "langref_eval.py"
-        subprocess.run([sys.executable, str(script), "--out", str(eval_dir / SETS["langref"][0])], check=True)
+    script = Path(__file__).resolve().parent / "langref_eval.py"
+    for name, questions in (("langref", "langref_qa.jsonl"), ("langref-names", "langref_names_qa.jsonl")):
+        if name in missing:
+            out = str(eval_dir / SETS[name][0])
+            subprocess.run([sys.executable, str(script), "--out", out, "--questions", questions], check=True)
 
 
 def run_eval(model: str, name: str, eval_dir: Path, out: Path, modes: str | None = None) -> Path:

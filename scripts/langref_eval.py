@@ -34,6 +34,12 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--top-k", type=int, default=3, help="passages per question (the demo reads 3)")
     p.add_argument("--keep-misses", action="store_true", help="keep questions whose passages miss the answer")
+    p.add_argument(
+        "--questions",
+        default="langref_qa.jsonl",
+        help="question file in turborag/data: langref_qa.jsonl, or langref_names_qa.jsonl (questions naming "
+        "code the way users write it, `__exit__()`, `os.path.join`, for the name check)",
+    )
     args = p.parse_args()
 
     from turborag.rag.embed import Embedder
@@ -42,7 +48,7 @@ def main() -> None:
 
     if not (args.store / "catalog.sqlite").exists():
         p.error(f"{args.store} has no catalog: run `turborag demo` (or ingest turborag/data/corpus) first")
-    questions = files("turborag").joinpath("data/langref_qa.jsonl").read_text(encoding="utf-8")
+    questions = files("turborag").joinpath("data", args.questions).read_text(encoding="utf-8")
     rows = [json.loads(line) for line in questions.splitlines() if line.strip()]
     catalog = Catalog(args.store, read_only=True)
     retriever = Retriever(catalog, Embedder())
