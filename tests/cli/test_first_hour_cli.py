@@ -24,7 +24,8 @@ def _run(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 def test_one_name_for_the_default_model():
     for command in (["ingest", "--help"], ["serve", "--help"], ["ask", "--help"], ["eval", "--help"]):
-        out = " ".join(runner.invoke(app, command, env={"COLUMNS": "200"})  # rich reads COLUMNS.stdout.split())
+        result = runner.invoke(app, command, env={"COLUMNS": "200"})  # rich sizes help from COLUMNS
+        out = " ".join(result.stdout.split())
         assert DEFAULT_MODEL in out, command
         assert f"else {BASE_MODEL})" not in out and f"{BASE_MODEL} (default" not in out, command
     readme = open(os.path.join(os.path.dirname(__file__), "..", "..", "README.md")).read()
