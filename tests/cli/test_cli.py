@@ -33,6 +33,12 @@ def test_eval_json_reports_every_mode(tiny_model_dir, env):
         assert set(m) == {"n", "accuracy", "exact_match", "ttft_s_mean", "ttft_s_p50"}
         assert 0 <= m["accuracy"] <= 1 and m["ttft_s_p50"] > 0
     assert out["model"] == tiny_model_dir and out["skipped_lines"] == 3
+    # every mode question by question against full: the counts of disagreements bound the accuracy gap
+    assert set(out["paired"]) == {"turbo", "turbo-composite"}
+    for m, d in out["paired"].items():
+        assert d["vs"] == "full" and 0 <= d["p"] <= 1
+        gap = out["modes"][m]["accuracy"] - out["modes"]["full"]["accuracy"]
+        assert abs(gap - (d["only_this_right"] - d["only_vs_right"]) / 3) < 1e-9
     assert "line 4: missing or empty 'question'" in r.stderr
     assert "line 5: 'contexts' must be a non-empty list" in r.stderr
     assert "line 6: not valid JSON" in r.stderr

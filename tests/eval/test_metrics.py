@@ -160,3 +160,30 @@ def test_cli_shows_abstention_rates_only_when_they_apply(tmp_path, capsys):
     cli_eval._print_table("t", {"full": mixed, "turbo": plain}, abstentions=True)
     out = capsys.readouterr().out
     assert "false abstain" in out and "50.0%" in out and " - " in out
+
+
+def test_paired_difference_counts_disagreements_and_tests_them():
+    from turborag.eval.metrics import paired_difference
+
+    a = [True] * 6 + [False] * 4 + [True] * 5
+    b = [False] * 6 + [True] * 4 + [True] * 5
+    assert paired_difference(a, b)[:2] == (6, 4)
+    assert abs(paired_difference(a, b)[2] - 386 / 512) < 1e-12  # 2 * P(X <= 4), X ~ Bin(10, 1/2)
+    assert paired_difference(b, a)[:2] == (4, 6)
+    assert paired_difference([True, False], [True, False]) == (0, 0, 1.0)  # no disagreement: no evidence
+    assert paired_difference([True] * 10, [False] * 10)[2] == 2 / 1024  # all ten one way
+    with pytest.raises(ValueError, match="one entry per question"):
+        paired_difference([True], [True, False])
+
+
+def test_table_shows_paired_column(capsys):
+    from turborag.cli import evaluate as cli_eval
+
+    full = ModeResult(3, 2 / 3, 0.0, 0.1, 0.1, correct=[True, True, False])
+    turbo = ModeResult(3, 1 / 3, 0.0, 0.1, 0.1, correct=[False, True, False])
+    paired = cli_eval._paired({"turbo": turbo, "full": full})
+    assert paired == {"turbo": {"vs": "full", "only_this_right": 0, "only_vs_right": 1, "p": 1.0}}
+    assert "correct" not in cli_eval._row(full, False)
+    assert cli_eval._paired({"full": full}) == {}
+    cli_eval._print_table("t", {"full": full, "turbo": turbo}, paired=paired)
+    assert "0 / 1 (p 1.00)" in capsys.readouterr().out

@@ -111,8 +111,10 @@ def eval_cmd(
     if predictions:
         predictions.write_text("".join(json.dumps(p) + "\n" for p in preds))
     abstentions = _abstentions_apply(examples, results)
+    paired = _paired(results)
     out = {
         "modes": {m: _row(r, abstentions) for m, r in results.items()},
+        "paired": paired,
         "model": model,
         "abstain_threshold": threshold,  # the one --model answered with
         "name_check": checked,
@@ -121,11 +123,28 @@ def eval_cmd(
     if as_json:
         typer.echo(json.dumps(out))
     else:
-        _print_table(f"{data.name}: {len(examples)} questions, model {model}", results, abstentions)
+        _print_table(f"{data.name}: {len(examples)} questions, model {model}", results, abstentions, paired)
     write_plot(plot, plot_eval, out)
 
 
 _ABSTAIN_KEYS = ("abstain_rate", "false_abstain_rate")
+
+
+def _paired(results: dict) -> dict:
+    """Every mode against the reference (`full` if it ran, else the first mode), question by question:
+    how many only it got right, how many only the reference did, and the sign test's p (metrics.py), so
+    a table says whether a gap between two modes is more than this set's noise."""
+    from turborag.eval.metrics import paired_difference
+
+    if len(results) < 2:
+        return {}
+    ref = "full" if "full" in results else next(iter(results))
+    paired = {}
+    for m, r in results.items():
+        if m != ref:
+            only_m, only_ref, p = paired_difference(r.correct, results[ref].correct)
+            paired[m] = {"vs": ref, "only_this_right": only_m, "only_vs_right": only_ref, "p": round(p, 4)}
+    return paired
 
 
 def _abstentions_apply(examples: list, results: dict) -> bool:
@@ -136,6 +155,7 @@ def _abstentions_apply(examples: list, results: dict) -> bool:
 def _row(result, abstentions: bool) -> dict:
     """A mode's JSON object; the abstention rates only when they apply."""
     row = vars(result).copy()
+    row.pop("correct")
     if not abstentions:
         for key in _ABSTAIN_KEYS:
             row.pop(key, None)
@@ -146,19 +166,30 @@ def _percent(value: float | None) -> str:
     return "-" if value is None else f"{value:.1%}"
 
 
-def _print_table(title: str, results: dict, abstentions: bool = False) -> None:
+def _print_table(title: str, results: dict, abstentions: bool = False, paired: dict | None = None) -> None:
     table = Table(title=title)
     columns = ["mode", "n", "accuracy", "exact match"]
     columns += ["abstain", "false abstain"] if abstentions else []
     columns += ["TTFT mean (s)", "TTFT p50 (s)"]
+    ref = next(iter(paired.values()))["vs"] if paired else None
+    columns += [f"only right / only {ref} right (p)"] if ref else []
     for col in columns:
         table.add_column(col, justify="right" if col != "mode" else "left")
     for m, r in results.items():
         cells = [m, str(r.n), f"{r.accuracy:.1%}", f"{r.exact_match:.1%}"]
         if abstentions:
             cells += [_percent(r.abstain_rate), _percent(r.false_abstain_rate)]
-        table.add_row(*cells, f"{r.ttft_s_mean:.3f}", f"{r.ttft_s_p50:.3f}")
+        cells += [f"{r.ttft_s_mean:.3f}", f"{r.ttft_s_p50:.3f}"]
+        if ref:
+            d = paired.get(m)
+            cells.append(f"{d['only_this_right']} / {d['only_vs_right']} (p {d['p']:.2f})" if d else "-")
+        table.add_row(*cells)
     stdout().print(table)
     stdout().print(
         "TTFT includes loading and assembling chunk caches; precomputing them is offline and excluded."
     )
+    if ref:
+        stdout().print(
+            f"Last column: questions only this mode got right / only {ref} did, and the sign test's p: "
+            "above 0.05, this set cannot tell the two modes apart."
+        )

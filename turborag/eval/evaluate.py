@@ -19,7 +19,7 @@ import json
 import logging
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
@@ -100,6 +100,8 @@ class ModeResult:
     abstain_rate: float | None = None
     # On the answerable examples: the fraction that abstained wrongly (None when there are none).
     false_abstain_rate: float | None = None
+    # Per example, in the file's order: right or not (for paired comparisons between modes; not in --json).
+    correct: list[bool] = field(default_factory=list, repr=False)
 
 
 def _score(prediction: str, ex: Example) -> tuple[bool, bool, bool]:
@@ -169,4 +171,5 @@ def _summary(rows: list[tuple[bool, bool, float, bool, bool]]) -> ModeResult:
         ttft_s_p50=statistics.median(ttfts),
         abstain_rate=_rate([r[3] for r in rows if not r[4]]),
         false_abstain_rate=_rate([r[3] for r in rows if r[4]]),
+        correct=[r[0] for r in rows],
     )
