@@ -269,6 +269,11 @@ def test_mix_command(env):
     assert r.exit_code == 0, r.output
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert sum(bool(row.get("twin")) for row in rows) >= 8
+    small = env / "small"  # --eval-n sizes the held-out sets
+    args = ["data", "mix", "--n", "2", "--out", str(out), "--eval-dir", str(small), "--eval-n", "7"]
+    r = runner.invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert len((small / "realtext-doc-eval.jsonl").read_text().splitlines()) == 7
 
 
 def test_mix_command_rejects_bad_input_in_one_line(env):

@@ -90,6 +90,13 @@ def mix_cmd(
         "prose-doc-eval.jsonl with its twins without the answering passage, "
         "prose-unanswerable-doc-eval.jsonl (150 questions, 5 passages each; 4 for the twins)",
     ),
+    eval_n: int = typer.Option(
+        150,
+        "--eval-n",
+        min=1,
+        help="questions per held-out set written to --eval-dir (a larger set "
+        "tells smaller gaps apart; the first sets are not a prefix of a larger one)",
+    ),
     unanswerable: float = typer.Option(
         0.15, min=0.0, max=1.0, help="share of questions no passage answers (target: the abstention)"
     ),
@@ -147,7 +154,7 @@ def mix_cmd(
     write_jsonl(records, out)
     typer.echo(f"wrote {len(records)} training questions to {out}", err=True)
     if eval_dir is not None:
-        for name, rows in build_eval_sets(seed=seed).items():
+        for name, rows in build_eval_sets(n=eval_n, seed=seed).items():
             path = eval_dir / f"{name}-eval.jsonl"
             write_jsonl(rows, path)
             typer.echo(f"wrote {len(rows)} held-out questions to {path}", err=True)
