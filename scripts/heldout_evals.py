@@ -12,7 +12,7 @@ run resumes where it stopped.
 
 Every eval runs with `--abstain-threshold 1 --no-name-check`: each answer is the greedy one and carries the
 probability of the abstention reply and the names of its question that no passage mentions, so the closing
-table gives the greedy results, those at `--threshold` (the shipped adapter records 0.4), and those at the
+table gives the greedy results, those at `--threshold` (the shipped adapter records 0.35), and those at the
 threshold with the engine's name check (the shipped adapter turns it on) without decoding again.
 
     python scripts/heldout_evals.py --model ft6/adapter --out runs/ft6-evals
@@ -127,7 +127,7 @@ def main() -> None:
     p.add_argument("--eval-dir", type=Path, default=Path("eval"), help="held-out files (built if missing)")
     default_sets = ",".join(n for n in SETS if n != "realtext-doc-450")
     p.add_argument("--sets", default=default_sets, help=f"comma-separated, of: {', '.join(SETS)}")
-    p.add_argument("--threshold", type=float, default=0.4, help="abstention threshold of the last columns")
+    p.add_argument("--threshold", type=float, default=0.35, help="abstention threshold of the last columns")
     p.add_argument(
         "--modes",
         help="modes of every eval, e.g. turbo for a quick look at a candidate (default: each set's own, full "
