@@ -12,8 +12,8 @@ run resumes where it stopped.
 
 Every eval runs with `--abstain-threshold 1 --no-name-check`: each answer is the greedy one and carries the
 probability of the abstention reply and the names of its question that no passage mentions, so the closing
-table gives the greedy results, those at `--threshold` (the shipped adapter records 0.35), and those at the
-threshold with the engine's name check (the shipped adapter turns it on) without decoding again.
+table gives the greedy results, those at `--threshold` (default: the one the shipped adapter records), and
+those at the threshold with the engine's name check (the shipped adapter turns it on) without decoding again.
 
     python scripts/heldout_evals.py --model ft6/adapter --out runs/ft6-evals
     python scripts/heldout_evals.py --model gemma-3-270m-turbo --out runs/shipped --sets held16,realtext-doc
@@ -30,6 +30,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from threshold_table import read_groups, table  # noqa: E402
+
+from turborag.core.defaults import DEFAULT_MODEL  # noqa: E402
+from turborag.core.model import abstain_threshold, adapter_dir_for  # noqa: E402
 
 # name: (file in the eval folder, modes, max new tokens)
 SETS: dict[str, tuple[str, str, int]] = {
@@ -127,7 +130,13 @@ def main() -> None:
     p.add_argument("--eval-dir", type=Path, default=Path("eval"), help="held-out files (built if missing)")
     default_sets = ",".join(n for n in SETS if n != "realtext-doc-450")
     p.add_argument("--sets", default=default_sets, help=f"comma-separated, of: {', '.join(SETS)}")
-    p.add_argument("--threshold", type=float, default=0.35, help="abstention threshold of the last columns")
+    shipped = abstain_threshold(adapter_dir_for(DEFAULT_MODEL))
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=shipped,
+        help=f"abstention threshold of the last columns (default: {shipped}, the shipped adapter's)",
+    )
     p.add_argument(
         "--modes",
         help="modes of every eval, e.g. turbo for a quick look at a candidate (default: each set's own, full "
