@@ -39,3 +39,22 @@ def test_rejects_a_set_no_folder_has_and_a_malformed_point(tmp_path):
     assert r.returncode != 0 and "no held16.json with mode turbo" in r.stderr
     r = _run("--point", str(tmp_path / "s0"), "--sets", "held16", "--plot", str(tmp_path / "x.png"))
     assert r.returncode != 0 and "STEP:DIR" in r.stderr
+
+
+def test_a_point_can_name_its_mode_one_curve_per_set_and_mode(tmp_path):
+    """Two runs of a stage in one figure: the TurboRAG fine-tune in turbo, the causal one in full."""
+    start = tmp_path / "start"
+    start.mkdir()
+    (start / "held16.json").write_text(
+        json.dumps({"modes": {"turbo": {"n": 150, "accuracy": 0.90}, "full": {"n": 150, "accuracy": 0.92}}})
+    )
+    _result(tmp_path / "turbo60", "held16", 0.94)
+    _result(tmp_path / "causal60", "held16", 0.96, mode="full")
+    _result(tmp_path / "causal30", "held16", 0.50, mode="turbo")  # a mode this curve does not plot
+    png = tmp_path / "curve.png"
+    turbo = [f"0:{start}", f"60:{tmp_path / 'turbo60'}"]
+    causal = [f"0:{start}:full", f"30:{tmp_path / 'causal30'}:full", f"60:{tmp_path / 'causal60'}:full"]
+    points = turbo + causal
+    r = _run(*[a for pt in points for a in ("--point", pt)], "--sets", "held16", "--plot", str(png))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["held16 turbo 0:90.0% 60:94.0%", "held16 full 0:92.0% 60:96.0%"]
