@@ -30,10 +30,12 @@ def read_points(points: list[tuple[int, Path, str]], name: str, mode: str) -> li
     """(step, accuracy in %) for every point in `mode` whose DIR/name.json holds that mode."""
     found = []
     for step, folder, point_mode in points:
+        if point_mode != mode:
+            continue  # another curve's point
         result = folder / f"{name}.json"
-        text = result.read_text() if result.is_file() and point_mode == mode else ""
+        text = result.read_text() if result.is_file() else ""
         if not text.strip():
-            continue  # another curve's point, or not evaluated (yet)
+            continue  # not evaluated (yet)
         modes = json.loads(text)["modes"]
         if mode in modes:
             found.append((step, 100 * modes[mode]["accuracy"]))
@@ -53,7 +55,7 @@ def main() -> None:
     if any(":" not in point or not point.split(":")[0].isdigit() for point in args.point):
         p.error("each --point is STEP:DIR or STEP:DIR:MODE, e.g. 40:runs/ft9-s40")
     points = [parse_point(point, args.mode) for point in args.point]
-    modes = sorted({mode for _, _, mode in points}, key=[mode for _, _, mode in points].index)
+    modes = list(dict.fromkeys(mode for _, _, mode in points))  # in the order first named
 
     import matplotlib
 
