@@ -187,3 +187,76 @@ def test_table_shows_paired_column(capsys):
     assert cli_eval._paired({"full": full}) == {}
     cli_eval._print_table("t", {"full": full, "turbo": turbo}, paired=paired)
     assert "0 / 1 (p 1.00)" in capsys.readouterr().out
+
+
+# --- the scorer on real text (blind spots found on RGB's own positive passages) ------------------------
+
+
+@pytest.mark.parametrize(
+    ("prediction", "gold"),
+    [
+        ("It was called \u201cThe Menu\u201d.", "The Menu"),  # curly quotes
+        ("\u2018Avatar\u2019 won.", "Avatar"),
+        ("From 1990\u20131995 it grew.", "1990"),  # en dash between words
+        ("Paris\u2014the capital\u2014won.", "Paris"),  # em dash
+        ("It fell on February 21st.", "February 21"),  # ordinal suffix
+        ("It opened on May 3rd.", "May 3"),
+        ("Norway's team won.", "Norway"),  # possessive
+        ("Norway\u2019s team won.", "Norway"),  # possessive, curly apostrophe
+        ("They won two gold medals.", "gold medal"),  # plural of the last word
+        ("Both churches burned.", "church"),  # +es
+        ("\u00abLe Monde\u00bb reported it.", "Le Monde"),  # guillemets
+    ],
+)
+def test_contains_answer_reads_real_text(prediction, gold):
+    assert contains_answer(prediction, [gold])
+
+
+@pytest.mark.parametrize(
+    ("prediction", "gold"),
+    [
+        ("It scored 78 points.", "8"),  # whole words: a number inside another stays wrong
+        ("In 19990.", "1999"),
+        ("The 21st century.", "2"),
+        ("Throllberg", "Throll"),
+        ("The medalist", "medal"),  # only +s / +es count as a plural, not any longer word
+        ("He was 8s.", "8"),  # no plural of a number
+        ("Norwegians won.", "Norway"),
+    ],
+)
+def test_contains_answer_stays_whole_word(prediction, gold):
+    assert not contains_answer(prediction, [gold])
+
+
+def test_match_words_treats_gold_and_prediction_alike():
+    from turborag.eval.metrics import match_words
+
+    assert match_words("The 1st \u201cBig\u201d Day\u2019s end") == ["1", "big", "day", "end"]
+    assert contains_answer("the first big day", ["The \u201cfirst\u201d big day"])
+
+
+def test_rgb_scoring_is_a_lowercase_substring():
+    from turborag.eval.metrics import rgb_contains, rgb_declines
+
+    assert rgb_contains("It scored 78 points.", ["8"])  # RGB's own metric is this lenient
+    assert rgb_contains("the AVATAR sequel", ["x", "Avatar"])
+    assert not rgb_contains("nothing", ["Avatar", ""])
+    assert not rgb_contains("anything", [""])  # an empty alternative never matches everything
+    assert rgb_declines("I can not answer because of insufficient information in documents.")
+    assert rgb_declines("The passages do not say.") and not rgb_declines("Avatar")
+
+
+def test_run_eval_scores_with_rgb_when_asked(tmp_path):
+    rows = [
+        {"question": "q1", "answers": ["8"], "contexts": ["c"]},
+        {"question": "q2", "answers": [ABSTAIN], "contexts": ["c"], "answerable": False},
+    ]
+    examples, _ = load_examples(_write(tmp_path / "d.jsonl", rows))
+    engine = _Engine({"q1": "78", "q2": "Insufficient information."})
+    preds = []
+    ours = run_eval(engine, examples, ["full"], progress=False, predictions=preds)["full"]
+    rgb = run_eval(engine, examples, ["full"], progress=False, scoring="rgb")["full"]
+    assert ours.accuracy == 0.0 and rgb.accuracy == 1.0
+    assert [p["correct"] for p in preds] == [False, False] and [p["correct_rgb"] for p in preds] == [True, True]
+    with pytest.raises(ValueError, match="scoring"):
+        run_eval(engine, examples, ["full"], progress=False, scoring="squad")

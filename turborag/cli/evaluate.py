@@ -30,6 +30,7 @@ from turborag.cli.common import (
 )
 from turborag.cli.loading import engine_for
 from turborag.core.defaults import MODES
+from turborag.eval.metrics import SCORINGS
 
 
 def parse_modes(modes: str) -> list[str]:
@@ -71,6 +72,11 @@ def eval_cmd(
         help="format of the chunk caches: fp16, bf16, int8 or fp8 (default: the 16-bit compute dtype)",
     ),
     max_new_tokens: int = typer.Option(32, min=1),
+    scoring: str = typer.Option(
+        "ours",
+        help="ours (a gold answer as whole words, Unicode-aware) or rgb (RGB's lower-cased substring of any "
+        "alternative; a decline is its 'insufficient information' or ours)",
+    ),
     abstain_threshold: float = AbstainThresholdOpt,
     name_check: bool = NameCheckOpt,
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
@@ -87,6 +93,8 @@ def eval_cmd(
     from turborag.eval.evaluate import load_examples, run_eval
 
     mode_list = parse_modes(modes)
+    if scoring not in SCORINGS:
+        fail(f"unknown --scoring {scoring!r}: use {' or '.join(SCORINGS)}")
     check_plot(plot)  # before the eval, not after it
     cache_dtype = parse_cache_format(cache_format)
     if not data.is_file():
@@ -105,7 +113,9 @@ def eval_cmd(
         set_name_check(engine, name_check)
         if spec == model:
             threshold, checked = engine.abstain_threshold, engine.name_check
-        got = run_eval(engine, examples, group, max_new_tokens, progress=not as_json, predictions=preds)
+        got = run_eval(
+            engine, examples, group, max_new_tokens, progress=not as_json, predictions=preds, scoring=scoring
+        )
         results.update({(m if spec == model else f"{m}@{spec}"): r for m, r in got.items()})
         del engine
     if predictions:
@@ -118,6 +128,7 @@ def eval_cmd(
         "model": model,
         "abstain_threshold": threshold,  # the one --model answered with
         "name_check": checked,
+        "scoring": scoring,
         "skipped_lines": len(problems),
     }
     if as_json:

@@ -11,6 +11,10 @@ A line may say `"answerable": false`: no passage answers its question, and it co
 when the model abstains (`metrics.abstains`).  The abstention rates are reported beside accuracy, since a
 model that always abstains would otherwise look perfect on such questions and a model that never does
 would look perfect on the others.
+
+`scoring="rgb"` scores as the RGB benchmark does (`metrics.rgb_contains`: a lower-cased substring of any
+alternative; a decline is RGB's "insufficient information" or ours), so a number can be set beside RGB's
+published ones; each prediction record carries both verdicts (`correct` and `correct_rgb`).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from tqdm import tqdm
 from turborag.core import grounding
 from turborag.core.engine import Engine, check_mode
 from turborag.core.generate import SamplingParams
-from turborag.eval.metrics import abstains, contains_answer, exact_match
+from turborag.eval.metrics import SCORINGS, abstains, contains_answer, exact_match, rgb_contains, rgb_declines
 
 log = logging.getLogger(__name__)
 
@@ -104,10 +108,14 @@ class ModeResult:
     correct: list[bool] = field(default_factory=list, repr=False)
 
 
-def _score(prediction: str, ex: Example) -> tuple[bool, bool, bool]:
+def _score(prediction: str, ex: Example, scoring: str = "ours") -> tuple[bool, bool, bool]:
     """(correct, exact match, abstained): an unanswerable example is correct iff the model abstains."""
-    abstained = abstains(prediction)
-    hit = contains_answer(prediction, ex.answers) if ex.answerable else abstained
+    if scoring == "rgb":
+        abstained = rgb_declines(prediction)
+        hit = rgb_contains(prediction, ex.answers) if ex.answerable else abstained
+    else:
+        abstained = abstains(prediction)
+        hit = contains_answer(prediction, ex.answers) if ex.answerable else abstained
     return hit, exact_match(prediction, ex.answers), abstained
 
 
@@ -122,8 +130,12 @@ def run_eval(
     max_new_tokens: int = 32,
     progress: bool = True,
     predictions: list[dict] | None = None,
+    scoring: str = "ours",
 ) -> dict[str, ModeResult]:
-    """Answer every example in every mode; if `predictions` is a list, one record per answer is appended."""
+    """Answer every example in every mode; if `predictions` is a list, one record per answer is appended.
+    `scoring` is "ours" (`contains_answer`) or "rgb" (`rgb_contains`)."""
+    if scoring not in SCORINGS:
+        raise ValueError(f"unknown scoring {scoring!r}: use {' or '.join(SCORINGS)}")
     for m in modes:
         check_mode(m)
     passages = [c for ex in examples for c in ex.contexts]
@@ -137,7 +149,7 @@ def run_eval(
     for ex in tqdm(examples, desc="eval", unit="q", disable=not progress):
         for m in modes:
             a = engine.answer(ex.question, ex.contexts, m, params)
-            hit, em, abstained = _score(a.text, ex)
+            hit, em, abstained = _score(a.text, ex, scoring)
             scores[m].append((hit, em, a.ttft_s, abstained, ex.answerable))
             if predictions is not None:
                 record = {
@@ -147,6 +159,8 @@ def run_eval(
                     "answer": a.text,
                     "gold": ex.answers,
                     "correct": hit,
+                    "correct_rgb": _score(a.text, ex, "rgb")[0],
+                    "scoring": scoring,
                     "ttft_s": a.ttft_s,
                 }
                 if not ex.answerable:

@@ -1,9 +1,16 @@
 """Answer scoring for short-answer QA.
 
 Generated answers are free text ("The company was founded by Ismena Throll."), so they are compared with the
-gold answers after SQuAD normalisation, which makes the score ignore case, punctuation and articles.  Two
-scores are offered: `exact_match` (SQuAD EM, strict, suits extractive readers) and `contains_answer`
-(the accuracy used by the RGB benchmark, lenient, suits chatty generative models).
+gold answers after SQuAD normalisation, which makes the score ignore case, punctuation and articles.  Three
+scores are offered: `exact_match` (SQuAD EM, strict, suits extractive readers), `contains_answer` (ours: a
+gold answer occurs in the answer as whole words, lenient, suits chatty generative models) and
+`rgb_contains` (the RGB benchmark's own: a lower-cased substring, so "8" counts inside "78").
+
+`contains_answer` reads the answer the way a person would on real text, which SQuAD's ASCII-only
+normalisation does not: Unicode punctuation (curly quotes, guillemets) is dropped, dashes of every kind
+separate words ("1990–1995" holds "1990"), and an ordinal suffix, a possessive or a plural on the last word
+does not fail a right answer ("February 21st" for "February 21", "Norway's" for "Norway", "gold medals" for
+"gold medal").  It stays whole-word: "1999" does not match inside "19990".
 
 Questions the passages cannot answer have one fixed target, `ABSTAIN`; `abstains` recognises it in free
 text, so that a model that declines in its own words ("Sorry, the passages do not say that.") counts too.
@@ -14,11 +21,25 @@ from __future__ import annotations
 import math
 import re
 import string
+import unicodedata
 from collections.abc import Sequence
 
 from turborag.core.prompt import ABSTAIN  # the reply the prompt asks for when no passage answers
 
-__all__ = ["ABSTAIN", "abstains", "contains_answer", "exact_match", "normalize_answer", "paired_difference"]
+__all__ = [
+    "ABSTAIN",
+    "SCORINGS",
+    "abstains",
+    "contains_answer",
+    "exact_match",
+    "match_words",
+    "normalize_answer",
+    "paired_difference",
+    "rgb_contains",
+    "rgb_declines",
+]
+
+SCORINGS = ("ours", "rgb")  # `turborag eval --scoring`: contains_answer, or RGB's own substring match
 
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -38,13 +59,61 @@ def _normalized_golds(answers: Sequence[str]) -> list[str]:
     return [g for g in golds if g]
 
 
-def contains_answer(prediction: str, answers: Sequence[str]) -> bool:
-    """True if any gold answer occurs in the prediction as whole words (RGB-style accuracy).
+# "Norway's" -> "Norway" (straight or curly apostrophe), before punctuation is dropped and "norways" is left.
+_POSSESSIVE = re.compile(r"(\w)['\u2019]s\b")
+# "21st" -> "21": an ordinal suffix right after a digit.
+_ORDINAL = re.compile(r"\b(\d+)(?:st|nd|rd|th)\b")
 
-    Both sides are padded with spaces so that "1999" does not match inside "19990".
+
+def _strip_char(ch: str) -> str:
+    """Dashes (Unicode category Pd, the ASCII hyphen too) become a space, other punctuation goes."""
+    category = unicodedata.category(ch)
+    if category == "Pd":
+        return " "
+    return "" if category.startswith("P") or ch in _PUNCTUATION else ch
+
+
+def match_words(s: str) -> list[str]:
+    """The words `contains_answer` compares: lower case, Unicode-aware punctuation, no possessive `'s`,
+    no ordinal suffix, no articles.  Applied to the prediction and the gold answers alike."""
+    s = unicodedata.normalize("NFKC", s).lower()  # NFKC folds full-width forms and ligatures
+    s = _POSSESSIVE.sub(r"\1", s)
+    s = "".join(_strip_char(ch) for ch in s)
+    s = _ORDINAL.sub(r"\1", s)
+    return _ARTICLES.sub(" ", s).split()
+
+
+def _matches_at(words: list[str], i: int, gold: list[str]) -> bool:
+    """Gold's words at words[i:], the last one also as a plural (+s, +es) when it is alphabetic."""
+    *head, last = gold
+    if words[i : i + len(head)] != head or i + len(gold) > len(words):
+        return False
+    got = words[i + len(head)]
+    return got == last or (last.isalpha() and got in (last + "s", last + "es"))
+
+
+def contains_answer(prediction: str, answers: Sequence[str]) -> bool:
+    """True if any gold answer occurs in the prediction as whole words (`match_words`).
+
+    Words are compared, not characters, so "1999" does not match inside "19990" and "8" not inside "78".
     """
-    padded = f" {normalize_answer(prediction)} "
-    return any(f" {gold} " in padded for gold in _normalized_golds(answers))
+    words = match_words(prediction)
+    for answer in answers:
+        gold = match_words(answer)
+        if gold and any(_matches_at(words, i, gold) for i in range(len(words) - len(gold) + 1)):
+            return True
+    return False
+
+
+def rgb_contains(prediction: str, answers: Sequence[str]) -> bool:
+    """RGB's own accuracy: some (non-empty) alternative is a lower-cased substring of the prediction."""
+    lowered = prediction.lower()
+    return any(a.strip() and a.lower() in lowered for a in answers)
+
+
+def rgb_declines(prediction: str) -> bool:
+    """RGB's refusal check (its phrase "insufficient information"), or ours (`abstains`)."""
+    return "insufficient information" in prediction.lower() or abstains(prediction)
 
 
 def exact_match(prediction: str, answers: Sequence[str]) -> bool:
