@@ -16,7 +16,7 @@ import warnings
 import typer
 from typer.exceptions import TyperException
 
-from turborag.cli import ask, bench, cache, data, demo, documents, evaluate, finetune, keys, serve
+from turborag.cli import ask, bench, cache, data, demo, documents, evaluate, finetune, gate, keys, serve
 
 app = typer.Typer(
     help="TurboRAG: RAG answers that start fast, from precomputed chunk KV caches.",
@@ -27,6 +27,7 @@ app.add_typer(data.app, name="data")
 app.add_typer(bench.app, name="bench")
 app.command()(demo.demo)
 app.command("eval")(evaluate.eval_cmd)
+app.command()(gate.gate)
 app.command()(finetune.finetune)
 app.command()(serve.serve)
 app.add_typer(cache.app, name="cache")
