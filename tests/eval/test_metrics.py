@@ -257,6 +257,7 @@ def test_run_eval_scores_with_rgb_when_asked(tmp_path):
     ours = run_eval(engine, examples, ["full"], progress=False, predictions=preds)["full"]
     rgb = run_eval(engine, examples, ["full"], progress=False, scoring="rgb")["full"]
     assert ours.accuracy == 0.0 and rgb.accuracy == 1.0
-    assert [p["correct"] for p in preds] == [False, False] and [p["correct_rgb"] for p in preds] == [True, True]
+    assert [p["correct"] for p in preds] == [False, False]
+    assert [p["correct_rgb"] for p in preds] == [True, True]
     with pytest.raises(ValueError, match="scoring"):
         run_eval(engine, examples, ["full"], progress=False, scoring="squad")

@@ -16,13 +16,14 @@ import warnings
 import typer
 from typer.exceptions import TyperException
 
-from turborag.cli import ask, bench, cache, data, demo, documents, evaluate, finetune, gate, keys, serve
+from turborag.cli import ask, bench, cache, data, demo, documents, evaluate, finetune, gate, keys, rgb, serve
 
 app = typer.Typer(
     help="TurboRAG: RAG answers that start fast, from precomputed chunk KV caches.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+data.app.command("rgb")(rgb.rgb)  # `turborag data rgb`: its own module, RGB is not our data
 app.add_typer(data.app, name="data")
 app.add_typer(bench.app, name="bench")
 app.command()(demo.demo)

@@ -17,8 +17,9 @@ from turborag.core.defaults import turborag_home
 from turborag.eval.gate import ALPHA, GATE_MODES, GATE_SETS
 
 RGB_HELP = (
-    "RGB (github.com/chen700564/RGB, CC BY-NC-SA 4.0) is not shipped with turborag: build its files as the "
-    "README's 'RGB' section says and pass --rgb-dir (or set TURBORAG_RGB_DIR)"
+    "RGB (github.com/chen700564/RGB, CC BY-NC-SA 4.0) is not shipped with turborag: build its files with "
+    "`turborag data rgb --rgb-json en.json --out rgb/` (docs/RGB.md) and pass --rgb-dir rgb/ (or set "
+    "TURBORAG_RGB_DIR)"
 )
 BUILD_HELP = {
     "synth-unseen": "turborag data mix --n 1 --out /tmp/scratch.jsonl --eval-dir EVAL_DIR",
