@@ -1,6 +1,7 @@
 """The fine-tune's training mix (shares, passage counts, no held-out data) and the hard and unanswerable
 synthetic variants it is built from."""
 
+import hashlib
 import json
 import re
 from collections import Counter
@@ -10,6 +11,7 @@ from typer.testing import CliRunner
 
 from turborag.cli import app
 from turborag.eval.metrics import ABSTAIN, contains_answer, normalize_answer
+from turborag.train import families as fam
 from turborag.train import synth
 from turborag.train.mix import (
     HELD_OUT_DOMAINS,
@@ -152,6 +154,8 @@ def test_eval_sets():
         "unanswerable-doc",
         "prose-doc",
         "prose-unanswerable-doc",
+        "synth-seen",  # added with the template families
+        "synth-unseen",
     }
     eval_packages = {m.split(".")[0] for m in EVAL_MODULES}
     realtext = sets["realtext"]
@@ -176,6 +180,77 @@ def test_default_eval_sets_have_150_questions_of_5_passages():
     for name, rows in sets.items():
         passages = 4 if name == "prose-unanswerable-doc" else 5
         assert len(rows) == 150 and all(len(r["contexts"]) == passages for r in rows), name
+
+
+def _digest(records: list[dict]) -> str:
+    """sha256 of the records as `write_jsonl` writes them."""
+    lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    return hashlib.sha256(lines.encode()).hexdigest()
+
+
+def _synthetic(records: list[dict]) -> list[dict]:
+    return [r for r in records if r["source"].startswith("synth:")]
+
+
+def test_default_mix_draws_only_seen_families(mix):
+    """By default the synthetic records come from seen template families only, every seen wording and
+    layout drawn; the real-text records are those of a legacy mix."""
+    rows = _synthetic(mix)
+    assert all(set(fam.AXES) <= set(r) and not fam.held_out_parts(r) for r in rows)
+    for axis, seen in (("wording", fam.SEEN.wordings), ("layout", fam.SEEN.layouts)):
+        counts = Counter(r[axis] for r in rows)
+        assert set(counts) == set(seen) and min(counts.values()) > len(rows) / len(seen) / 2, axis
+    assert {r["answer_type"] for r in rows} == set(fam.SEEN.answer_types)
+    assert not any(r["answer_type"] in fam.HELD_OUT_ANSWER_TYPES for r in rows)
+    assert {r["layout"] for r in rows if not r["answerable"]} == set(fam.SEEN.layouts)
+    legacy = build_mix(200, seed=0, families="legacy")
+    for new, old in zip(build_mix(200, seed=0), legacy):
+        assert new == old or (new["source"].startswith("synth:") and new["source"] == old["source"])
+
+
+def test_legacy_families_reproduce_the_earlier_mixes():
+    """The digest was taken before template families existed; only the synthetic records are pinned, as
+    the real text comes from the standard library's docstrings, which vary with the Python version."""
+    rows = build_mix(80, seed=1, unanswerable=0.3, paired=1.0, prose=0.2, families="legacy")
+    assert _digest(_synthetic(rows)) == "5d511ff425cbacf7676c6201ee7d9c0e13fb77816d0146caeeaf0690f1c1732a"
+    assert not any(set(fam.AXES) & set(r) for r in rows)
+    everything = _synthetic(build_mix(200, seed=1, families="all"))
+    assert {r["layout"] for r in everything} == set(fam.LAYOUTS)
+    for bad in ("unseen", "held"):
+        with pytest.raises(ValueError, match="families must be one of legacy, all, seen"):
+            build_mix(10, families=bad)
+
+
+def test_eval_sets_for_seen_and_unseen_families():
+    sets = build_eval_sets(n=42, contexts=5, seed=1)
+    seen, unseen = sets["synth-seen"], sets["synth-unseen"]
+    for rows in (seen, unseen):
+        assert len(rows) == 42 and all(r["answerable"] and len(r["contexts"]) == 5 for r in rows)
+        assert all(r["source"] == f"synth:{r['domain']}" for r in rows)
+        assert all(contains_answer(r["contexts"][r["answer_index"]], r["answers"]) for r in rows)
+        assert len({r["entity"] for r in rows}) == 42  # made-up entities, none asked twice
+    assert all(r["domain"] in TRAIN_DOMAINS and not fam.held_out_parts(r) for r in seen)
+    parts = Counter(fam.held_out_parts(r) for r in unseen)
+    assert len(parts) == 7 and set(parts.values()) == {6}  # every combination of the three axes, evenly
+    domains = {r["domain"] for r in unseen}
+    assert set(HELD_OUT_DOMAINS) <= domains and domains & set(TRAIN_DOMAINS)
+    # every axis is held out somewhere, and each in its own way
+    assert {r["wording"] for r in unseen} >= set(fam.HELD_OUT_WORDINGS)
+    assert {r["layout"] for r in unseen} >= set(fam.HELD_OUT_LAYOUTS)
+    assert {r["answer_type"] for r in unseen} >= set(fam.HELD_OUT_ANSWER_TYPES)
+    training = {r["question"] for r in build_mix(300, seed=1)}
+    assert not training & {r["question"] for r in seen + unseen}
+    again = build_eval_sets(n=42, contexts=5, seed=1)
+    assert again["synth-seen"] == seen and again["synth-unseen"] == unseen
+    assert build_eval_sets(n=42, contexts=5, seed=2)["synth-unseen"] != unseen
+
+
+def test_eval_sets_of_before_are_unchanged():
+    """The new sets have generators of their own: the synthetic half of the unanswerable set is the one of
+    before (digest taken before template families existed; the real text varies with Python's version)."""
+    sets = build_eval_sets(n=20, seed=3)
+    rows = _synthetic(sets["unanswerable"])
+    assert _digest(rows) == "b889cea8cf61634014f565dcecd944e99ef843e2d486ce3488c050a2ae128b59"
 
 
 def _one_letter_apart(a: str, b: str) -> bool:
@@ -247,7 +322,12 @@ def test_mix_command(env):
     assert r.exit_code == 0, r.output
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 20 and sum(not row["answerable"] for row in rows) == 3  # 15%
-    for name in ("realtext-eval.jsonl", "unanswerable-eval.jsonl"):
+    for name in (
+        "realtext-eval.jsonl",
+        "unanswerable-eval.jsonl",
+        "synth-seen-eval.jsonl",
+        "synth-unseen-eval.jsonl",
+    ):
         assert len((held / name).read_text().splitlines()) == 150
     r = runner.invoke(
         app,

@@ -21,6 +21,11 @@ def _shipped():
         (lambda d: d["templates"][0].update(facts=["{e}."]), r"templates\[0\]\.facts: .* lacks \{v\}"),
         (lambda d: d["fillers"].append("{e} is near {v}."), r"fillers: .* uses \{v\}; only \{e\} here"),
         (lambda d: d.update(filers=d.pop("fillers")), r"the entry must be an object with keys"),
+        (
+            lambda d: d["templates"][2].update(units="people"),
+            r"templates\[2\] must be an object with keys .* \(optional: unit\)",
+        ),
+        (lambda d: d["templates"][1].update(unit=""), r"templates\[1\]\.unit must be a non-empty string"),
     ],
 )
 def test_malformed_domain_names_the_domain(edit, message):

@@ -27,22 +27,37 @@ def synth_cmd(
         None, help="comma-separated domains to leave out (e.g. held-out eval domains)"
     ),
     max_contexts: int = typer.Option(None, min=1, help="vary passages per question from --contexts to this"),
+    families: str = typer.Option(
+        "legacy",
+        help="template families (question wording, passage layout, answer type; train/families.py): legacy "
+        "(the template's question over prose passages, the output of before), all, seen (none held out), or "
+        "unseen (each question with a held-out wording, layout or answer type)",
+    ),
 ) -> None:
     """Multi-document QA over fictional facts (only the passages can answer)."""
     import random
 
+    from turborag.train.families import FAMILY_SETS
     from turborag.train.synth import DOMAINS, generate, write_jsonl
 
+    if families not in FAMILY_SETS:
+        fail(f"--families must be one of {', '.join(FAMILY_SETS)}, got {families!r}")
     doms = [d.strip() for d in domains.split(",")] if domains else list(DOMAINS)
     if exclude:
         doms = [d for d in doms if d not in {x.strip() for x in exclude.split(",")}]
     try:
         if max_contexts is None or max_contexts <= contexts:
-            records = generate(n, contexts, seed=seed, domains=doms)
+            records = generate(n, contexts, seed=seed, domains=doms, families=families)
         else:  # varied passage counts: one generator call per question, each with its own seed
             rng = random.Random(seed)
             records = [
-                generate(1, rng.randint(contexts, max_contexts), seed=seed * 100_003 + i, domains=doms)[0]
+                generate(
+                    1,
+                    rng.randint(contexts, max_contexts),
+                    seed=seed * 100_003 + i,
+                    domains=doms,
+                    families=families,
+                )[0]
                 for i in range(n)
             ]
     except ValueError as e:
@@ -88,7 +103,9 @@ def mix_cmd(
         help="also write the held-out sets here: realtext-eval.jsonl, unanswerable-eval.jsonl and the same "
         "two in documentation layout, realtext-doc-eval.jsonl and unanswerable-doc-eval.jsonl, and "
         "prose-doc-eval.jsonl with its twins without the answering passage, "
-        "prose-unanswerable-doc-eval.jsonl (150 questions, 5 passages each; 4 for the twins)",
+        "prose-unanswerable-doc-eval.jsonl, and synthetic questions in seen and in held-out template "
+        "families, synth-seen-eval.jsonl and synth-unseen-eval.jsonl (150 questions, 5 passages each; 4 for "
+        "the prose twins)",
     ),
     eval_n: int = typer.Option(
         150,
@@ -131,16 +148,24 @@ def mix_cmd(
         help="share of the other unanswerable questions that are synthetic near-namesake ones (the rest "
         "stdlib); with --paired they are twins of synthetic answerable questions",
     ),
+    families: str = typer.Option(
+        "seen",
+        help="template families of the synthetic questions (train/families.py): seen (no held-out wording, "
+        "layout or answer type), legacy (the template's question over prose passages: the mixes made "
+        "before this option existed), or all (held-out families too)",
+    ),
 ) -> None:
     """The cache-aware fine-tune's training mix: hard synthetic and stdlib text half each, plus a share of
     unanswerable questions; 60% of questions with 8-32 passages."""
     if eval_dir is not None and eval_dir.exists() and not eval_dir.is_dir():
         fail(f"--eval-dir {eval_dir} is not a directory")
-    from turborag.train.mix import build_eval_sets, build_mix
+    from turborag.train.mix import MIX_FAMILIES, build_eval_sets, build_mix
     from turborag.train.synth import write_jsonl
 
     if synth_answers not in ("value", "sentence"):
         fail(f"--synth-answers must be value or sentence, got {synth_answers!r}")
+    if families not in MIX_FAMILIES:
+        fail(f"--families must be one of {', '.join(MIX_FAMILIES)}, got {families!r}")
     records = build_mix(
         n,
         seed,
@@ -150,6 +175,7 @@ def mix_cmd(
         paired=paired,
         prose=prose,
         synth_unanswerable=synth_unanswerable,
+        families=families,
     )
     write_jsonl(records, out)
     typer.echo(f"wrote {len(records)} training questions to {out}", err=True)

@@ -30,10 +30,22 @@ sentence of the right passage (the film's reviews instead of its city), because 
 say which part of the passage the question asks for.  Real-text targets stay sentences, so answers to
 real questions keep their natural length.
 
+Template families (families.py): a synthetic record's question wording (the template's own question,
+"According to the passages, ...", a fill-in-the-blank fact, an imperative "Give the founder of X."), its
+passage layout (prose sentences, a fact sheet of "Attribute: value" lines, a news paragraph) and its answer
+type (person, number, color, ...).  Held-out entities and domains share the templates of training, so they
+cannot show a shortcut tied to a template; so by default (`families="seen"`) the synthetic records are
+drawn only from families with no held-out part (families.HELD_OUT_WORDINGS, HELD_OUT_LAYOUTS and
+HELD_OUT_ANSWER_TYPES: the imperative wording, the news layout, color answers), and the eval sets
+"synth-seen" and "synth-unseen" measure the gap.  `families="legacy"` gives the mixes of before families
+existed (direct wording, prose layout, any answer type): the seven stages of the shipped adapter replay
+their seeds with it; only the synthetic records differ between the two.
+
 Shares: the answerable rest is split evenly between synthetic (all domains but the held-out film and
 astronomy) and real text.
-The held-out sets (`build_eval_sets`) use only what training never sees: the eval-split stdlib modules and
-the held-out synthetic domains.  Everything is deterministic for a seed.
+The held-out sets (`build_eval_sets`) use only what training never sees: the eval-split stdlib modules,
+the held-out synthetic domains and the held-out template families.  Everything is deterministic for a
+seed.
 """
 
 from __future__ import annotations
@@ -41,6 +53,7 @@ from __future__ import annotations
 import random
 
 from turborag.train.docstyle import as_document
+from turborag.train.families import FAMILY_SETS
 from turborag.train.prose import generate_prose, without_answer
 from turborag.train.realtext import generate_realtext
 from turborag.train.synth import DOMAINS, generate
@@ -57,6 +70,7 @@ SYNTH_ANSWERS = ("value", "sentence")
 LONG_SHARE = 0.6
 LONG_CONTEXTS = (8, 32)
 SHORT_CONTEXTS = (1, 7)
+MIX_FAMILIES = tuple(f for f in FAMILY_SETS if f != "unseen")  # "legacy", "all", "seen" (the default)
 
 
 def passage_count(rng: random.Random) -> int:
@@ -70,16 +84,22 @@ def _synth(record: dict) -> dict:
     return {**record, "source": f"synth:{record['domain']}", "kind": "fact"}
 
 
-def _one(part: str, contexts: int, seed: int, synth_answers: str, doc_style: float = 0.0) -> dict:
+def _one(
+    part: str, contexts: int, seed: int, synth_answers: str, doc_style: float = 0.0, families: str = "seen"
+) -> dict:
     """One record of a part of the mix, from its own seed (so each record can be rebuilt alone).
 
     The documentation layout is drawn from a generator of its own seeded by the record's, so a mix made
     with doc_style=0 is exactly the mix of earlier versions."""
     if part == "synth":
         sentences = synth_answers == "sentence"
-        return _synth(generate(1, contexts, seed, TRAIN_DOMAINS, hard=True, sentence_answers=sentences)[0])
+        record = generate(
+            1, contexts, seed, TRAIN_DOMAINS, hard=True, sentence_answers=sentences, families=families
+        )[0]
+        return _synth(record)
     if part == "synth-unanswerable":
-        return _synth(generate(1, contexts, seed, TRAIN_DOMAINS, hard=True, unanswerable=1.0)[0])
+        record = generate(1, contexts, seed, TRAIN_DOMAINS, hard=True, unanswerable=1.0, families=families)[0]
+        return _synth(record)
     unanswerable = 0.0 if part in ("realtext", "prose") else 1.0
     if part.startswith("prose"):
         record = generate_prose(1, contexts, seed, split="train", unanswerable=unanswerable)[0]
@@ -129,6 +149,7 @@ def build_mix(
     paired: float = PAIRED,
     prose: float = PROSE,
     synth_unanswerable: float = SYNTH_UNANSWERABLE,
+    families: str = "seen",
 ) -> list[dict]:
     """n training records in a random order: a share `unanswerable` without an answering passage (half
     synthetic, half real text), the rest half hard synthetic (training domains; targets the value, or the
@@ -138,6 +159,10 @@ def build_mix(
     a share `prose` of both the answerable and the unanswerable records asked in plain English about a
     sentence of stdlib documentation (prose.py), taken before the synthetic/real-text halves; a share
     `synth_unanswerable` of the other unanswerable records synthetic (floor), the rest real text.
+    `families` sets the template families of the synthetic records (families.py): "seen" (the default)
+    draws wordings and layouts uniformly among the seen ones and templates among those of a seen answer
+    type; "legacy" gives the mixes of before families existed; "all" includes the held-out families (which
+    makes the synth-unseen eval set meaningless).  Only the synthetic records depend on it.
 
     The shares are exact counts (rounded); every record has question, answers (target first), contexts,
     answer_index (None when unanswerable), answerable, source and kind.  Building 4000 takes seconds.
@@ -156,6 +181,8 @@ def build_mix(
         raise ValueError(f"prose must be a share in [0, 1], got {prose}")
     if not 0.0 <= synth_unanswerable <= 1.0:
         raise ValueError(f"synth_unanswerable must be a share in [0, 1], got {synth_unanswerable}")
+    if families not in MIX_FAMILIES:
+        raise ValueError(f"families must be one of {', '.join(MIX_FAMILIES)}, got {families!r}")
     n_unanswerable = round(n * unanswerable)
     n_prose = round((n - n_unanswerable) * prose)
     n_prose_unanswerable = round(n_unanswerable * prose)
@@ -176,7 +203,7 @@ def build_mix(
     records = []
     for part in plan:
         contexts = passage_count(rng)
-        records.append(_one(part, contexts, rng.getrandbits(63), synth_answers, doc_style))
+        records.append(_one(part, contexts, rng.getrandbits(63), synth_answers, doc_style, families))
     return _pair(records, paired, seed) if paired else records
 
 
@@ -190,10 +217,16 @@ def build_eval_sets(n: int = 150, contexts: int = 5, seed: int = 0) -> dict[str,
     - "realtext-doc" and "unanswerable-doc": the same two sets in documentation layout (docstyle.py);
     - "prose-doc": plain-English questions about sentences of eval-split stdlib documentation (prose.py),
       in documentation layout, and "prose-unanswerable-doc": the same questions without the passage that
-      answers them (so one passage fewer): the abstention the missing passage alone should cause.
+      answers them (so one passage fewer): the abstention the missing passage alone should cause;
+    - "synth-seen": answerable hard synthetic questions of the training domains in seen template families
+      (families.py), about new made-up entities;
+    - "synth-unseen": the same, but every question has at least one held-out part (wording, layout or
+      answer type, spread evenly over the three and their combinations), over the training and the
+      held-out domains.
 
     Run `turborag eval` on the realtext sets for accuracy and false abstentions, on the unanswerable sets
-    for the abstention rate.
+    for the abstention rate.  A synth-seen score well above the synth-unseen one means the model learned
+    shortcuts tied to the templates of training; `families.held_out_parts` and `domain` break the gap down.
     """
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
@@ -222,6 +255,13 @@ def build_eval_sets(n: int = 150, contexts: int = 5, seed: int = 0) -> dict[str,
         as_document(r, prose_style)
         for r in generate_prose(n, contexts, random.Random(seed ^ 0x9805E).getrandbits(63), split="eval")
     ]
+    # Generators of their own again, so the sets above are the same as before template families existed.
+    seen_seed = random.Random(seed ^ 0x5EE7).getrandbits(63)
+    unseen_seed = random.Random(seed ^ 0x0F5EE7).getrandbits(63)
+    seen = generate(n, contexts, seen_seed, TRAIN_DOMAINS, hard=True, families="seen")
+    unseen = generate(
+        n, contexts, unseen_seed, TRAIN_DOMAINS + HELD_OUT_DOMAINS, hard=True, families="unseen"
+    )
     return {
         "realtext": realtext,
         "unanswerable": unanswerable,
@@ -231,4 +271,6 @@ def build_eval_sets(n: int = 150, contexts: int = 5, seed: int = 0) -> dict[str,
         ],
         "prose-doc": prose,
         "prose-unanswerable-doc": [without_answer(r) for r in prose],
+        "synth-seen": [_synth(r) for r in seen],
+        "synth-unseen": [_synth(r) for r in unseen],
     }

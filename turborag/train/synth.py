@@ -17,6 +17,13 @@ letter ("Veltrano Dynamics" / "Veltreno Dynamics"), since the error that chunk-c
 read from a look-alike passage; `unanswerable` drops the gold passage and keeps the look-alikes, with the
 abstention string as the answer; `sentence_answers` puts the gold fact sentence first among the answers,
 so a model trained on answers[0] learns to answer in a sentence instead of one word.
+
+Template families (families.py): a record's question wording, passage layout and answer type.  By default
+(`families="legacy"`) every record has the one family of earlier versions (the template's own question,
+the fact among filler sentences, any answer type) and the output is unchanged; "all", "seen" and "unseen"
+draw other wordings and layouts, and hold out or ask only for the held-out families, so that a shortcut
+tied to a template shows up as a gap between a seen-family and an unseen-family score.  Records of those
+sets carry `wording`, `layout` and `answer_type`.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from pathlib import Path
 from string import Formatter
 
 from turborag.eval.metrics import ABSTAIN, normalize_answer
+from turborag.train import families as fam
 
 # Passages get filler sentences up to this length, so that they look like ordinary retrieved chunks.
 _MIN_WORDS = 40
@@ -52,10 +60,12 @@ class _Value:
 class _Template:
     """One attribute of a domain: the question, the ways of stating the fact, and how to invent a value."""
 
-    attribute: str
+    attribute: str  # a noun phrase that reads in "the {attribute} of {e}": "founding year"
     question: str  # formatted with e=entity
     facts: tuple[str, ...]  # formatted with e=entity, v=value text
     make_value: Callable[[random.Random], _Value]
+    answer_type: str  # the value kind: "person", "number", ... (families.ANSWER_TYPES)
+    unit: str = ""  # what a number counts ("days"), for a fact sheet's line and the imperative wording
 
 
 @dataclass(frozen=True)
@@ -233,6 +243,7 @@ def _color(rng: random.Random) -> _Value:
 _DATA_FILE = "data/synth_domains.json"
 _DOMAIN_KEYS = ("name", "entity", "templates", "fillers")
 _TEMPLATE_KEYS = ("attribute", "question", "facts", "value")
+_OPTIONAL_TEMPLATE_KEYS = ("unit",)
 
 
 @dataclass(frozen=True)
@@ -315,23 +326,26 @@ def _sentences(
     return tuple(raw)
 
 
-def _object(raw: object, keys: tuple[str, ...], where: str) -> dict:
-    """Check that an entry is an object with exactly the given keys, so that a misspelt key is not ignored."""
-    if not isinstance(raw, dict) or set(raw) != set(keys):
+def _object(raw: object, keys: tuple[str, ...], where: str, optional: tuple[str, ...] = ()) -> dict:
+    """Check that an entry is an object with exactly the given keys (and perhaps the optional ones), so
+    that a misspelt key is not ignored."""
+    if not isinstance(raw, dict) or not set(keys) <= set(raw) <= {*keys, *optional}:
         got = sorted(raw) if isinstance(raw, dict) else type(raw).__name__
-        raise ValueError(f"{where} must be an object with keys {', '.join(keys)}; got {got}")
+        also = f" (optional: {', '.join(optional)})" if optional else ""
+        raise ValueError(f"{where} must be an object with keys {', '.join(keys)}{also}; got {got}")
     return raw
 
 
 def _template(raw: object, where: str) -> _Template:
     """One attribute of a domain from its data-file entry."""
-    raw = _object(raw, _TEMPLATE_KEYS, where)
-    for key in ("attribute", "question"):
-        if not isinstance(raw[key], str) or not raw[key]:
+    raw = _object(raw, _TEMPLATE_KEYS, where, _OPTIONAL_TEMPLATE_KEYS)
+    for key in ("attribute", "question", "unit"):
+        if key in raw and (not isinstance(raw[key], str) or not raw[key]):
             raise ValueError(f"{where}.{key} must be a non-empty string")
     (question,) = _sentences([raw["question"]], {"e"}, {"e"}, f"{where}.question")
     facts = _sentences(raw["facts"], {"e", "v"}, {"e", "v"}, f"{where}.facts")
-    return _Template(raw["attribute"], question, facts, _maker(raw["value"], _VALUE_KINDS, f"{where}.value"))
+    make_value = _maker(raw["value"], _VALUE_KINDS, f"{where}.value")
+    return _Template(raw["attribute"], question, facts, make_value, raw["value"][0], raw.get("unit", ""))
 
 
 def _domain(raw: object, index: int) -> _Domain:
@@ -391,18 +405,42 @@ def _sentence(template: str, **fields: str) -> str:
     return text[0].upper() + text[1:]
 
 
-def _passage(rng: random.Random, domain: _Domain, template: _Template, entity: str, value: _Value) -> str:
+def _passage(
+    rng: random.Random,
+    domain: _Domain,
+    template: _Template,
+    entity: str,
+    value: _Value,
+    layout: str = "prose",
+) -> str:
+    """A passage about one entity that states one fact, in one of the layouts of families.py."""
+    return _passage_and_fact(rng, domain, template, entity, value, layout)[0]
+
+
+def _passage_and_fact(
+    rng: random.Random,
+    domain: _Domain,
+    template: _Template,
+    entity: str,
+    value: _Value,
+    layout: str = "prose",
+) -> tuple[str, str]:
+    """`_passage`, and the sentence that states the fact (the natural-length answer of
+    `sentence_answers`)."""
+    if layout == "record":
+        return _fact_sheet(rng, domain, template, entity, value)
+    if layout == "news":
+        return _news(rng, domain, template, entity, value)
+    return _prose(rng, domain, template, entity, value)
+
+
+def _prose(
+    rng: random.Random, domain: _Domain, template: _Template, entity: str, value: _Value
+) -> tuple[str, str]:
     """2-4 sentences about one entity with the fact at a random position among filler sentences.
 
     The fact moves around so that a reader cannot learn to look only at the first or last sentence.
     """
-    return _passage_and_fact(rng, domain, template, entity, value)[0]
-
-
-def _passage_and_fact(
-    rng: random.Random, domain: _Domain, template: _Template, entity: str, value: _Value
-) -> tuple[str, str]:
-    """`_passage`, and the fact sentence in it (the natural-length answer of `sentence_answers`)."""
     pool = rng.sample(domain.fillers, len(domain.fillers))
     fillers = [_sentence(f, e=entity) for f in pool[: rng.randint(1, _MAX_SENTENCES - 1)]]
     fact = _sentence(rng.choice(template.facts), e=entity, v=value.text)
@@ -413,6 +451,109 @@ def _passage_and_fact(
         words += len(extra.split())
     position = rng.randint(0, len(fillers))
     return " ".join(fillers[:position] + [fact] + fillers[position:]), fact
+
+
+def _other_value(rng: random.Random, template: _Template, forbidden: Sequence[tuple[str, str]]) -> _Value:
+    """A value of the template that mentions none of the forbidden strings (the gold answers)."""
+    for _ in range(_MAX_TRIES):
+        value = template.make_value(rng)
+        if not _mentions(value.text, forbidden):
+            return value
+    raise RuntimeError(f"could not draw a value for {template.attribute!r} in {_MAX_TRIES} tries")
+
+
+def _fact_sheet(
+    rng: random.Random, domain: _Domain, template: _Template, entity: str, value: _Value
+) -> tuple[str, str]:
+    """A fact sheet: the entity as a title line, an "Attribute: value" line for every attribute of the
+    domain in a random order (the others with invented values that do not restate this one), and a
+    "Notes:" line of one or two fillers.
+
+    The fact returned is the asked line said as a sentence ("The founder of X is Y."), since a line such
+    as "Founder: Y" is no answer in a sentence; it states nothing the line does not."""
+    forbidden = _needles(value.answers)
+    lines = []
+    for t in domain.templates:
+        v = value if t is template else _other_value(rng, t, forbidden)
+        unit = f" {t.unit}" if t.unit else ""
+        lines.append(f"{t.attribute[0].upper()}{t.attribute[1:]}: {v.text}{unit}")
+    rng.shuffle(lines)
+    notes = rng.sample(domain.fillers, rng.randint(1, 2))
+    notes_line = "Notes: " + " ".join(_sentence(f, e=entity) for f in notes)
+    unit = f" {template.unit}" if template.unit else ""
+    fact = f"The {template.attribute} of {_entity_phrase(template, entity)} is {value.text}{unit}."
+    return "\n".join([entity, *lines, notes_line]), fact
+
+
+# Sentences of the news layout that hold for any entity; {e} is the entity as the question names it
+# ("the Quorvik Falcons"), never the subject, so no verb has to agree with it.  No color words or digits,
+# which could restate a gold answer.
+_NEWS_DAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+_NEWS_LEADS = (
+    "Fresh details about {e} came to light this week.",
+    "Our correspondent spent several days asking around about {e}.",
+    "Readers have sent in a steady stream of questions about {e} this month.",
+    "This week's feature takes a closer look at {e}.",
+    "Old archives and a few long interviews shed new light on {e} this week.",
+)
+_NEWS_CLOSES = (
+    "Further reporting on {e} is expected in the coming weeks.",
+    "Requests for further comment went unanswered by the time of publication.",
+    "A longer feature on {e} is planned for a later edition.",
+    "The full interviews will appear in next week's edition.",
+)
+_NEWS_EXTRAS = (
+    "The details were confirmed by two people familiar with the matter.",
+    "Several of those interviewed asked not to be named.",
+    "Officials said that the figures would be reviewed again next year.",
+    "The story drew a large number of letters from readers.",
+    "Some of the older records on the subject are incomplete.",
+    "Observers expect the matter to come up again before long.",
+)
+_NEWS_MIN_WORDS = 80
+_NEWS_MAX_FILLERS = 5
+
+
+def _entity_phrase(template: _Template, entity: str) -> str:
+    """The entity as the template's question names it: "the Quorvik Falcons" or "Veltrano Dynamics"."""
+    return f"the {entity}" if "the {e}" in template.question else entity
+
+
+def _news(
+    rng: random.Random, domain: _Domain, template: _Template, entity: str, value: _Value
+) -> tuple[str, str]:
+    """A news-style paragraph of about 80-150 words: a dateline and a lead sentence, up to five fillers
+    with the fact among them (never first or last), extra sentences up to 80 words, a closing sentence."""
+    named = _entity_phrase(template, entity)
+    fillers = [
+        _sentence(f, e=entity)
+        for f in rng.sample(domain.fillers, min(len(domain.fillers), _NEWS_MAX_FILLERS))
+    ]
+    fact = _sentence(rng.choice(template.facts), e=entity, v=value.text)
+    position = rng.randint(1, len(fillers) - 1)
+    body = fillers[:position] + [fact] + fillers[position:]
+    lead = f"{rng.choice(_NEWS_DAYS)}, from our correspondent. " + rng.choice(_NEWS_LEADS).format(e=named)
+    close = rng.choice(_NEWS_CLOSES).format(e=named)
+    extras = rng.sample(_NEWS_EXTRAS, len(_NEWS_EXTRAS))
+    words = sum(len(s.split()) for s in (lead, *body, close))
+    while words < _NEWS_MIN_WORDS and extras:
+        body.append(extras.pop())
+        words += len(body[-1].split())
+    return " ".join([lead, *body, close]), fact
+
+
+def _question(template: _Template, wording: str, entity: str) -> str:
+    """The question of a template in one of the wordings of families.py."""
+    question = template.question.format(e=entity)
+    if wording == "context":  # the question word in lower case, unless the question opens with the entity
+        opening = question if template.question.startswith("{") else question[0].lower() + question[1:]
+        return f"According to the passages, {opening}"
+    if wording == "gap":
+        return "Fill in the blank: " + _sentence(template.facts[0], e=entity, v="___")
+    if wording == "imperative":
+        unit = f", in {template.unit}" if template.unit else ""
+        return f"Give the {template.attribute} of {_entity_phrase(template, entity)}{unit}."
+    return question
 
 
 def _needles(strings: Sequence[str]) -> list[tuple[str, str]]:
@@ -441,6 +582,7 @@ def _distractor(
     template: _Template,
     forbidden: Sequence[tuple[str, str]],
     used_entities: set[str],
+    layout: str = "prose",
 ) -> str:
     """A passage about a new entity that mentions none of the forbidden strings (gold answers and entity).
 
@@ -451,7 +593,7 @@ def _distractor(
         entity = domain.make_entity(rng)
         if entity in used_entities:
             continue
-        text = _passage(rng, domain, template, entity, template.make_value(rng))
+        text = _passage(rng, domain, template, entity, template.make_value(rng), layout)
         if not _mentions(text, forbidden):
             used_entities.add(entity)
             return text
@@ -486,6 +628,7 @@ def _lookalike_distractor(
     entity: str,
     forbidden: Sequence[tuple[str, str]],
     used_entities: set[str],
+    layout: str = "prose",
 ) -> str:
     """A same-template passage about a near-namesake of the gold entity, with another value.
 
@@ -497,7 +640,7 @@ def _lookalike_distractor(
         name = _lookalike_name(rng, entity, domain.fixed_words)
         if name in used_entities or normalize_answer(name) == gold:
             continue
-        text = _passage(rng, domain, template, name, template.make_value(rng))
+        text = _passage(rng, domain, template, name, template.make_value(rng), layout)
         if not _mentions(text, forbidden):
             used_entities.add(name)
             return text
@@ -513,17 +656,24 @@ def _record(
     answerable: bool = True,
     sentence_answers: bool = False,
     variant: bool = False,
+    choices: fam.Choices = fam.LEGACY,
+    tag_family: bool = False,
 ) -> dict:
     """One question with its gold passage hidden among contexts - 1 distractors.
 
     Unanswerable: the same question over `contexts` distractors and no gold passage.  `variant` records
     (any opt-in option) carry `entity` and `answerable`; the default record keeps its historical shape.
+    The family is drawn from `choices`: wording and layout uniformly, the template among those of an
+    allowed answer type (with the legacy choices no draw is made, so the output is that of before);
+    `tag_family` records carry it.
     """
-    domain = rng.choice(gold_domains)
-    template = rng.choice(domain.templates)
+    allowed = choices.answer_types
+    domain = rng.choice([d for d in gold_domains if any(t.answer_type in allowed for t in d.templates)])
+    template = rng.choice([t for t in domain.templates if t.answer_type in allowed])
     entity = domain.make_entity(rng)
     value = template.make_value(rng)
-    gold, fact = _passage_and_fact(rng, domain, template, entity, value)
+    wording, layout = _pick(rng, choices.wordings), _pick(rng, choices.layouts)
+    gold, fact = _passage_and_fact(rng, domain, template, entity, value, layout)
 
     forbidden = _needles((*value.answers, entity))
     used = {entity}
@@ -538,16 +688,21 @@ def _record(
     # Hard: about half of the same-template distractors (at least one, at most _MAX_LOOKALIKES) are about
     # near-namesakes of the gold entity.
     n_lookalike = min(n_same, max(1, (n_same + 1) // 2), _MAX_LOOKALIKES) if hard else 0
+    # Distractors share the gold passage's layout, so that the layout is no cue.
     distractors = [
-        _lookalike_distractor(rng, domain, template, entity, forbidden, used) for _ in range(n_lookalike)
+        _lookalike_distractor(rng, domain, template, entity, forbidden, used, layout)
+        for _ in range(n_lookalike)
     ]
-    distractors += [_distractor(rng, domain, template, forbidden, used) for _ in range(n_same - n_lookalike)]
+    distractors += [
+        _distractor(rng, domain, template, forbidden, used, layout) for _ in range(n_same - n_lookalike)
+    ]
     for _ in range(n_other):
         other = rng.choice(others)
-        distractors.append(_distractor(rng, other, rng.choice(other.templates), forbidden, used))
+        distractors.append(_distractor(rng, other, rng.choice(other.templates), forbidden, used, layout))
     rng.shuffle(distractors)
 
-    question = template.question.format(e=entity)
+    question = _question(template, wording, entity)
+    family = {"wording": wording, "layout": layout, "answer_type": template.answer_type} if tag_family else {}
     if not answerable:
         return {
             "question": question,
@@ -557,6 +712,7 @@ def _record(
             "entity": entity,
             "answer_index": None,
             "answerable": False,
+            **family,
         }
     position = rng.randrange(contexts) if answer_position is None else answer_position
     record = {
@@ -568,7 +724,12 @@ def _record(
     }
     if variant:
         record.update(entity=entity, answerable=True)
-    return record
+    return {**record, **family}
+
+
+def _pick(rng: random.Random, options: Sequence[str]) -> str:
+    """rng.choice, without a draw when there is one option (so the legacy family leaves rng untouched)."""
+    return options[0] if len(options) == 1 else rng.choice(options)
 
 
 def _gold_domains(domains: Sequence[str] | None) -> list[_Domain]:
@@ -596,6 +757,7 @@ def generate(
     hard: bool = False,
     unanswerable: float = 0.0,
     sentence_answers: bool = False,
+    families: str = "legacy",
 ) -> list[dict]:
     """Generate n QA records, each with `contexts` passages of which exactly one answers the question.
 
@@ -607,7 +769,13 @@ def generate(
     same-template distractors (1 to 4) near-namesakes of the gold entity; `unanswerable` is the fraction
     of records (exactly round(n * unanswerable), at random positions) whose gold passage is left out, with
     answers ["The passages do not say."] and answer_index None; `sentence_answers` makes answers[0] the gold
-    fact sentence, followed by the short answers.  Records of any variant carry `entity` and `answerable`.
+    fact sentence (in the fact-sheet layout the asked line as a sentence, "The founder of X is Y."),
+    followed by the short answers.  Records of any variant carry `entity` and `answerable`.
+
+    `families` (families.py) chooses the template families: "legacy" (the default, the output of earlier
+    versions: direct wording, prose layout, any answer type), "all", "seen" (none held out) or "unseen"
+    (each record with at least one held-out part, spread evenly over the held-out axes and their
+    combinations).  Records of any but "legacy" also carry `wording`, `layout` and `answer_type`.
     """
     if n < 1:
         raise ValueError(f"n must be at least 1, got {n}")
@@ -617,16 +785,33 @@ def generate(
         raise ValueError(f"answer_position must be in 0..{contexts - 1}, got {answer_position}")
     if not 0.0 <= unanswerable <= 1.0:
         raise ValueError(f"unanswerable must be a fraction in 0..1, got {unanswerable}")
+    fam.check(families)
     gold_domains = _gold_domains(domains)
     rng = random.Random(seed)
     n_missing = round(n * unanswerable)
     missing = set(rng.sample(range(n), n_missing)) if n_missing else set()
-    variant = hard or sentence_answers or unanswerable > 0
+    plan = fam.plan(families, n, rng)
+    for choices in dict.fromkeys(plan):  # each distinct set of choices once, in order
+        if not any(t.answer_type in choices.answer_types for d in gold_domains for t in d.templates):
+            names = ", ".join(d.name for d in gold_domains)
+            types = ", ".join(choices.answer_types)
+            raise ValueError(f"families={families!r}: no template of domains {names} asks for a {types}")
+    tagged = families != "legacy"
+    variant = hard or sentence_answers or unanswerable > 0 or tagged
     return [
         _record(
-            rng, gold_domains, contexts, answer_position, hard, i not in missing, sentence_answers, variant
+            rng,
+            gold_domains,
+            contexts,
+            answer_position,
+            hard,
+            i not in missing,
+            sentence_answers,
+            variant,
+            choices,
+            tagged,
         )
-        for i in range(n)
+        for i, choices in enumerate(plan)
     ]
 
 
