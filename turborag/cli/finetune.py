@@ -1,4 +1,5 @@
-"""`turborag finetune`: the cache-aware fine-tune (the work is in train/finetune.py)."""
+"""`turborag finetune`: the cache-aware fine-tune (the work is in train/finetune.py), on a data file or as a
+recipe (train/recipe.py) that builds its own data."""
 
 from __future__ import annotations
 
@@ -11,7 +12,14 @@ from turborag.core.defaults import BASE_MODEL
 
 
 def finetune(
-    data: Path = typer.Option(..., "--data", help="training JSONL: {question, answers, contexts} per line"),
+    ctx: typer.Context,
+    data: Path = typer.Option(None, "--data", help="training JSONL: {question, answers, contexts} per line"),
+    recipe: str = typer.Option(
+        None,
+        "--recipe",
+        help="instead of --data: a recipe (a shipped name such as gemma-3-270m-turbo, or a JSON file) that "
+        "builds its data in OUT and trains from the base model; options given with it override its settings",
+    ),
     out: Path = typer.Option(..., "--out", help="output folder (checkpoints, adapter, merged model)"),
     model: str = typer.Option(BASE_MODEL, "--model", help="model to start from (default: the base model)"),
     lora: bool = typer.Option(True, "--lora/--full", help="LoRA adapter (default) or full fine-tuning"),
@@ -39,47 +47,83 @@ def finetune(
     ),
     template: str = TemplateOpt,
 ) -> None:
-    """Cache-aware fine-tune: trains through the serving path (independent chunks, reordered positions)."""
+    """Cache-aware fine-tune: trains through the serving path (independent chunks, reordered positions).
+
+    With --recipe the same command builds OUT/data.jsonl first and, run again, resumes where it stopped."""
     from turborag.core.model import ModelError, dtype_name, load_model, resolve_device, resolve_dtype
-    from turborag.train.finetune import TrainConfig
+    from turborag.train.finetune import TrainConfig, resume_step
     from turborag.train.finetune import finetune as run
 
-    if not data.is_file():
-        fail(f"no such file: {data}")
-    if init_adapter is not None and not lora:
+    if (data is None) == (recipe is None):
+        fail("give exactly one of --data FILE (training JSONL) and --recipe NAME_OR_PATH (builds its data)")
+    rec = None
+    if recipe is not None:
+        from turborag.train import recipe as recipes
+
+        if init_adapter is not None:
+            fail("--recipe trains from its base model: it does not go with --init-adapter")
+        # only options typed on the command line override the recipe, not this command's defaults (by the
+        # source's name: typer may bring its own copy of click and of its ParameterSource enum)
+        overrides = {
+            k: ctx.params[k]
+            for k in recipes.OVERRIDE_KEYS
+            if getattr(ctx.get_parameter_source(k), "name", None) == "COMMANDLINE"
+        }
+        try:
+            rec = recipes.load_recipe(recipe)
+            cfg = recipes.train_config(rec, out, overrides)
+        except ValueError as e:
+            fail(str(e))
+    else:
+        if not data.is_file():
+            fail(f"no such file: {data}")
+        cfg = TrainConfig(
+            data=str(data),
+            out=str(out),
+            model=model,
+            lora=lora,
+            causal=causal,
+            positions=positions,
+            steps=steps,
+            batch=batch,
+            lr=lr or (2e-4 if lora else 2e-5),
+            rank=rank,
+            alpha=2 * rank,
+            save_every=save_every,
+            seed=seed,
+            template=template,
+            dtype=dtype,
+            keep_every=keep_every,
+            init_adapter=str(init_adapter) if init_adapter else None,
+            warmup=warmup,
+        )
+    if cfg.init_adapter is not None and not cfg.lora:
         fail("--init-adapter continues a LoRA adapter: it does not go with --full")
-    if positions not in ("reordered", "composite"):
-        fail(f"unknown positions {positions!r}: use reordered or composite")
-    if dtype not in ("auto", "float32", "bfloat16"):
-        fail(f"unknown --dtype {dtype!r}: use auto, float32 or bfloat16")
-    if not lora and dtype == "bfloat16":
+    if cfg.positions not in ("reordered", "composite"):
+        fail(f"unknown positions {cfg.positions!r}: use reordered or composite")
+    if cfg.dtype not in ("auto", "float32", "bfloat16"):
+        fail(f"unknown --dtype {cfg.dtype!r}: use auto, float32 or bfloat16")
+    if not cfg.lora and cfg.dtype == "bfloat16":
         fail("full fine-tuning trains in fp32: use --dtype float32 (or auto) with --full")
     try:
-        torch_dtype = resolve_dtype("float32" if not lora else dtype, resolve_device(device))
+        torch_dtype = resolve_dtype("float32" if not cfg.lora else cfg.dtype, resolve_device(device))
     except (ModelError, ValueError) as e:
         fail(str(e))
-    cfg = TrainConfig(
-        data=str(data),
-        out=str(out),
-        model=model,
-        lora=lora,
-        causal=causal,
-        positions=positions,
-        steps=steps,
-        batch=batch,
-        lr=lr or (2e-4 if lora else 2e-5),
-        rank=rank,
-        alpha=2 * rank,
-        save_every=save_every,
-        seed=seed,
-        template=template,
-        dtype=dtype_name(torch_dtype),
-        keep_every=keep_every,
-        init_adapter=str(init_adapter) if init_adapter else None,
-        warmup=warmup,
-    )
+    cfg.dtype = dtype_name(torch_dtype)
+    if rec is not None:
+
+        def say(line: str) -> None:
+            typer.echo(f"recipe {rec.name}: {line}", err=True)
+
+        try:
+            recipes.build_data(rec, out, say)
+        except ValueError as e:
+            fail(str(e))
+        recipes.record_overrides(out, overrides)
+        start = resume_step(out)
+        say(f"training: step {start} of {cfg.steps}" + (" (resuming from the checkpoint)" if start else ""))
     try:
-        lm = load_model(model, device, torch_dtype)
+        lm = load_model(cfg.model, device, torch_dtype)
         dest = run(lm, cfg)
     except (ModelError, ValueError) as e:
         fail(str(e))

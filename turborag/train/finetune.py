@@ -70,6 +70,8 @@ class TrainConfig:
     dtype: str = "float32"  # compute dtype of the frozen base weights (LoRA weights stay fp32)
     keep_every: int = 0  # also keep the adapter every N steps under snapshots/ (for a learning curve)
     init_adapter: str | None = None  # start from this LoRA adapter's weights instead of zero (a second stage)
+    recipe: str | None = None  # the recipe (train/recipe.py) the run comes from, recorded with the adapter
+    recipe_hash: str | None = None  # and its hash: which version of that recipe
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -182,6 +184,12 @@ def save_checkpoint(
     for old in out.glob("ckpt-*"):
         if old != final:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def resume_step(out: str | Path) -> int:
+    """The step a run in `out` resumes at: that of its latest checkpoint (0 when it has none)."""
+    latest = Path(out) / "latest"
+    return int(latest.read_text().strip().removeprefix("ckpt-")) if latest.exists() else 0
 
 
 def load_checkpoint(out: Path, model, opt: torch.optim.Optimizer) -> tuple[int, list]:
