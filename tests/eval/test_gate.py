@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -169,3 +172,15 @@ def test_cli_gate_on_a_tiny_model_end_to_end(tiny_model_dir, env):
         ("full", 2, "same"),
         ("turbo", 2, "same"),
     ]
+
+
+def test_gate_table_script_lays_out_every_stored_model(tmp_path):
+    out = tmp_path / "gate"
+    _store_answers(out, "base", "rgb-en5", [True, False, False, False])
+    _store_answers(out, "shipped", "rgb-en5", [True, True, True, False])
+    script = Path(__file__).resolve().parents[2] / "scripts" / "gate_table.py"
+    r = subprocess.run([sys.executable, str(script), "--out", str(out)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "| model | rgb-en5 full | rgb-en5 turbo |"
+    assert lines[2] == "| base | 25.0% (0%) | 25.0% (0%) |" and lines[3].startswith("| shipped | 75.0%")

@@ -130,7 +130,8 @@ class GateRow:
     verdict: str  # "worse" (fails the gate), "better", or "same" (within noise)
 
 
-def _declined(record: dict) -> bool:
+def declined(record: dict) -> bool:
+    """Whether an answer declines, by the scoring it was scored with."""
     return rgb_declines(record["answer"]) if record.get("scoring") == "rgb" else abstains(record["answer"])
 
 
@@ -162,8 +163,8 @@ def compare(
                 len(lines),
                 sum(ca) / len(lines),
                 sum(cb) / len(lines),
-                sum(_declined(a[i]) for i in counted) / len(counted),
-                sum(_declined(b[i]) for i in counted) / len(counted),
+                sum(declined(a[i]) for i in counted) / len(counted),
+                sum(declined(b[i]) for i in counted) / len(counted),
                 only_a,
                 only_b,
                 p,
@@ -211,6 +212,7 @@ __all__ = [
     "answer_sets",
     "as_json",
     "compare",
+    "declined",
     "markdown",
     "model_label",
     "needs_answers",
