@@ -14,7 +14,7 @@ import typer
 
 from turborag.cli.common import DeviceOpt, DtypeOpt, TemplateOpt, fail
 from turborag.core.defaults import turborag_home
-from turborag.eval.gate import ALPHA, GATE_MODES, GATE_SETS
+from turborag.eval.gate_sets import ALPHA, GATE_MODES, GATE_SETS
 
 RGB_HELP = (
     "RGB (github.com/chen700564/RGB, CC BY-NC-SA 4.0) is not shipped with turborag: build its files with "
@@ -31,7 +31,7 @@ BUILD_HELP = {
 
 def _files(names: list[str], rgb_dir: Path | None, eval_dir: Path) -> dict[str, Path]:
     """Each set's file; every missing one is reported at once, with how to build it."""
-    from turborag.eval.gate import set_file
+    from turborag.eval.gate_sets import set_file
 
     files, missing = {}, []
     for name in names:

@@ -25,37 +25,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from turborag.eval.evaluate import load_examples, run_eval
+from turborag.eval.gate_sets import ALPHA, GATE_MODES, GATE_SETS, GateSet, set_file
 from turborag.eval.metrics import abstains, paired_difference, rgb_declines
-
-
-@dataclass(frozen=True)
-class GateSet:
-    """One gate set: its file, where the file lives ("rgb" or "eval" folder), and answer length."""
-
-    file: str
-    where: str
-    max_new_tokens: int = 32
-
-
-GATE_SETS: dict[str, GateSet] = {
-    "rgb-en5": GateSet("en5.jsonl", "rgb"),
-    "rgb-en5-qshuf": GateSet("en5_qshuf.jsonl", "rgb"),
-    "rgb-noise08": GateSet("en5_noise08.jsonl", "rgb"),
-    "rgb-noise08-qshuf": GateSet("en5_noise08_qshuf.jsonl", "rgb"),
-    "rgb-none": GateSet("en_none.jsonl", "rgb"),
-    "synth-unseen": GateSet("synth-unseen-eval.jsonl", "eval"),
-    "synth-seen": GateSet("synth-seen-eval.jsonl", "eval"),
-    "realtext-doc": GateSet("realtext-doc-eval.jsonl", "eval", 48),
-    "langref": GateSet("langref-eval.jsonl", "eval", 48),
-}
-GATE_MODES = ("full", "turbo")
-ALPHA = 0.05
-
-
-def set_file(name: str, rgb_dir: Path, eval_dir: Path) -> Path:
-    """The file of a gate set."""
-    spec = GATE_SETS[name]
-    return (rgb_dir if spec.where == "rgb" else eval_dir) / spec.file
 
 
 def model_label(spec: str) -> str:
