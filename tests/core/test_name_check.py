@@ -114,3 +114,34 @@ def test_name_check_is_read_from_the_fine_tune_record(tmp_path):
     assert name_check(tmp_path) is False
     (tmp_path / "turborag_finetune.json").write_text(json.dumps({"name_check": True}))
     assert name_check(tmp_path) is True
+
+
+@pytest.mark.parametrize(
+    ("question", "names"),
+    [
+        ("What did Ismena Throll and Vel Arno sign?", ["Ismena Throll", "Vel Arno"]),  # two names
+        ("What is Quorvik's Night Market called?", ["Night Market"]),  # a possessive ends a name
+        ("What is Quorvik\u2019s Night Market called?", ["Night Market"]),
+        ("When did Veltrano's AI open?", []),  # two single words: nothing to check
+        ("Who made the Tilso Protocol-inspired game?", ["Tilso Protocol"]),  # a lower-case tail is no name
+        ("When does Ostrel Full-Self Driving launch?", ["Ostrel Full-Self Driving"]),
+        ("Fill in the blank: Crystals of Quorvine are ___.", []),  # a sentence's first word, after a colon
+        ("Answer this. Ninol Tertius orbits which star?", []),
+    ],
+)
+def test_question_names_read_news_style_english(question, names):
+    assert question_names(question) == names
+
+
+def test_mentions_take_plurals_and_hyphens_as_english_does():
+    assert missing_names("Who won the Quorvik Award?", ["She won two Quorvik Awards."]) == []
+    assert missing_names("Which Quorvik Awards did she win?", ["She won the Quorvik Award."]) == []
+    assert missing_names("When does Ostrel Full-Self Driving launch?", ["Ostrel Full Self-Driving is"]) == []
+    en_dash = ["Ostrel Full\u2013Self Driving"]
+    assert missing_names("When does Ostrel Full-Self Driving launch?", en_dash) == []
+    # near-namesakes stay missing: a letter changed is not a plural, nor is a longer word
+    assert missing_names("Who won the Quorvik Award?", ["the Quorvek Award"]) == ["Quorvik Award"]
+    assert missing_names("Who won the Quorvik Award?", ["the Quorvik Awardee"]) == ["Quorvik Award"]
+    assert missing_names("Who founded Veltrano Dyn?", ["Veltrano Dynamics"]) == ["Veltrano Dyn"]
+    # code stays exact: no plural of an identifier
+    assert missing_names("What does `deque.pop` do?", ["deque.pops"]) == ["deque.pop"]

@@ -16,6 +16,13 @@ Only names that a user would not paraphrase are checked:
 A name counts as mentioned when it occurs in a passage as whole words, ignoring case and runs of spaces. A
 dotted name also counts when its last two or more parts occur (documentation often writes `path.join` for
 `os.path.join`). A typo in a name makes the check decline: the reply says which name it did not find.
+
+News-style questions write names the way people do, and each of these is read as ordinary English, not as
+a missing name: two names joined by "and" ("Will Smith and Chris Rock") are two names; a possessive ends a
+name ("Meta's AI" names Meta, a single word, so nothing is checked); a hyphen is a word break ("Full-Self
+Driving" is found as "Full Self-Driving") and a lower-case tail after it is no part of the name ("Squid
+Game-inspired" checks "Squid Game"); the last word of a proper name may be singular or plural ("Academy
+Award" is found as "Academy Awards"). Code names stay exact.
 """
 
 from __future__ import annotations
@@ -43,17 +50,40 @@ def question_names(question: str) -> list[str]:
         if max(len(part) for part in m.group(0).split(".")) >= 2:  # not "e.g" or "i.e"
             names.append(m.group(0))
     rest = _blank(_DOTTED, rest)
-    first = re.match(r"\s*(\S+)", question)
+    # where a sentence starts: the question's first word, and a word after ":", ".", "?" or "!" ("Fill in
+    # the blank: Crystals of X have ..."): capitalized as a sentence's first word, not as a name
+    starts = {m.end() for m in re.finditer(r"^\s*|[:.?!]\s+", question)}
     for m in _NAME.finditer(rest):
         words = m.group(0).split()
-        if first and m.start() == first.start(1):  # "Which", "How", ...: the question's own first word
+        if m.start() in starts:  # "Which", "How", ...: the sentence's own first word
             words = words[1:]
-        while words and words[0][0].islower():  # "of"/"the" left in front once the first word is dropped
-            words = words[1:]
-        words[-1:] = [words[-1].removesuffix("'s").rstrip("'-")] if words else []  # "Tertius's" -> "Tertius"
-        if len(words) >= 2:
-            names.append(" ".join(words))
+        names += [" ".join(seg) for seg in _segments(words) if len(seg) >= 2]
     return list(dict.fromkeys(names))
+
+
+def _segments(words: list[str]) -> list[list[str]]:
+    """A run of capitalized words split into the names it holds: at "and", after a possessive, at a
+    hyphen's lower-case tail (dropped); "of"/"the" kept inside a name but not at its ends."""
+    out: list[list[str]] = [[]]
+    for word in words:
+        if word == "and":
+            out.append([])
+            continue
+        possessive = re.search(r"['\u2019]s?$", word)
+        base = word[: possessive.start()] if possessive else word
+        stripped = re.sub(r"-[a-z][\w'-]*$", "", base)  # "Game-inspired" -> "Game", and the name ends
+        if stripped.rstrip("'-"):
+            out[-1].append(stripped.rstrip("'-"))
+        if possessive or stripped != base:
+            out.append([])
+    trimmed = []
+    for seg in out:
+        while seg and seg[0][0].islower():  # "of"/"the" left in front once the first word is dropped
+            seg = seg[1:]
+        while seg and seg[-1][0].islower():
+            seg = seg[:-1]
+        trimmed.append(seg)
+    return trimmed
 
 
 def _blank(pattern: re.Pattern, text: str) -> str:
@@ -62,8 +92,15 @@ def _blank(pattern: re.Pattern, text: str) -> str:
 
 
 def _mentions(text: str, name: str) -> bool:
-    words = [re.escape(w) for w in name.split()]
-    return re.search(r"(?<!\w)" + r"\s+".join(words) + r"(?!\w)", text, re.IGNORECASE) is not None
+    if " " not in name:  # code: exact, whole words
+        return re.search(r"(?<!\w)" + re.escape(name) + r"(?!\w)", text, re.IGNORECASE) is not None
+    words = [re.escape(w) for w in re.split(r"[\s\-\u2010-\u2015]+", name) if w]
+    last = words[-1]
+    # the last word singular or plural: "Award" finds "Awards", "Awards" finds "Award"
+    stem = last[:-1] if last.lower().endswith("s") and len(last) > 3 else last
+    words[-1] = f"{stem}(?:s|es)?"
+    gap = r"[\s\-\u2010-\u2015]+"  # spaces, hyphens and dashes alike
+    return re.search(r"(?<!\w)" + gap.join(words) + r"(?!\w)", text, re.IGNORECASE) is not None
 
 
 def _mentioned(name: str, passages: Sequence[str]) -> bool:
