@@ -222,6 +222,7 @@ def test_contains_answer_reads_real_text(prediction, gold):
         ("The medalist", "medal"),  # only +s / +es count as a plural, not any longer word
         ("He was 8s.", "8"),  # no plural of a number
         ("Norwegians won.", "Norway"),
+        ("It has a default content type.", "'content-type'"),  # the ASCII hyphen joins, as in SQuAD
     ],
 )
 def test_contains_answer_stays_whole_word(prediction, gold):

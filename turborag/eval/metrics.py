@@ -7,8 +7,8 @@ gold answer occurs in the answer as whole words, lenient, suits chatty generativ
 `rgb_contains` (the RGB benchmark's own: a lower-cased substring, so "8" counts inside "78").
 
 `contains_answer` reads the answer the way a person would on real text, which SQuAD's ASCII-only
-normalisation does not: Unicode punctuation (curly quotes, guillemets) is dropped, dashes of every kind
-separate words ("1990–1995" holds "1990"), and an ordinal suffix, a possessive or a plural on the last word
+normalisation does not: Unicode punctuation (curly quotes, guillemets) is dropped, Unicode dashes separate
+words ("1990–1995" holds "1990"; the ASCII hyphen joins them, as in SQuAD), and an ordinal suffix, a possessive or a plural on the last word
 does not fail a right answer ("February 21st" for "February 21", "Norway's" for "Norway", "gold medals" for
 "gold medal").  It stays whole-word: "1999" does not match inside "19990".
 
@@ -66,9 +66,10 @@ _ORDINAL = re.compile(r"\b(\d+)(?:st|nd|rd|th)\b")
 
 
 def _strip_char(ch: str) -> str:
-    """Dashes (Unicode category Pd, the ASCII hyphen too) become a space, other punctuation goes."""
+    """Dashes (Unicode category Pd) become a space, other punctuation goes.  The ASCII hyphen goes too, as in
+    SQuAD: "content-type" stays one word, so a passage's "content type" does not state it."""
     category = unicodedata.category(ch)
-    if category == "Pd":
+    if category == "Pd" and ch != "-":
         return " "
     return "" if category.startswith("P") or ch in _PUNCTUATION else ch
 
