@@ -8,7 +8,8 @@ gold answer occurs in the answer as whole words, lenient, suits chatty generativ
 
 `contains_answer` reads the answer the way a person would on real text, which SQuAD's ASCII-only
 normalisation does not: Unicode punctuation (curly quotes, guillemets) is dropped, Unicode dashes separate
-words ("1990–1995" holds "1990"; the ASCII hyphen joins them, as in SQuAD), and an ordinal suffix, a possessive or a plural on the last word
+words ("1990–1995" holds "1990"; the ASCII hyphen joins them, as in SQuAD), and an ordinal suffix, a
+possessive or a plural on the last word
 does not fail a right answer ("February 21st" for "February 21", "Norway's" for "Norway", "gold medals" for
 "gold medal").  It stays whole-word: "1999" does not match inside "19990".
 
