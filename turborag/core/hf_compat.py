@@ -155,11 +155,13 @@ def forward(
     attention_mask: torch.Tensor
     | None = None,  # None = causal; or a 4D additive/bool mask (B, 1, T, past + T)
     logits_to_keep: int = 0,
+    **attention_kwargs,
 ) -> torch.Tensor:
     """Run the causal LM on `input_ids` at explicit positions, appending their K/V to `cache`.
 
     Returns logits (B, T, vocab), or only the last `logits_to_keep` positions when it is > 0 (saves the
     vocab projection of every prompt token, which matters for a 262k-token vocabulary like Gemma's).
+    `attention_kwargs` reach the attention function of every layer (core/ape.py passes `ape=`).
     """
     base = model.get_base_model() if hasattr(model, "get_base_model") else model  # peft wraps the model
     kwargs = {_cache_kwarg(type(base)): cache}
@@ -177,6 +179,7 @@ def forward(
         use_cache=True,
         logits_to_keep=logits_to_keep,
         **kwargs,
+        **attention_kwargs,
     )
     return out.logits
 

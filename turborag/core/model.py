@@ -51,6 +51,9 @@ class LoadedModel:
     abstain_threshold: float | None = None
     # decline a question naming something no passage mentions (grounding.py); from the fine-tune's record
     name_check: bool = False
+    # the training-free mode `turborag calibrate` chose for this model, and where to record a new choice
+    calibration: dict | None = None
+    folder: Path | None = None
 
     @property
     def config(self):
@@ -302,6 +305,8 @@ def _load_adapter(adapter: Path, device: str, dtype: torch.dtype) -> LoadedModel
         cache_aware=is_cache_aware(adapter),
         abstain_threshold=abstain_threshold(adapter),
         name_check=name_check(adapter),
+        calibration=calibration(adapter),
+        folder=adapter,
     )
 
 
@@ -329,6 +334,26 @@ def name_check(folder: Path) -> bool:
     """Whether a fine-tune's record turns the engine's name check on (`name_check` in its
     turborag_finetune.json): only a model trained to give the abstention reply should be made to give it."""
     return bool(_finetune_record(folder).get("name_check", False))
+
+
+CALIBRATION_FILE = "turborag_calibration.json"
+
+
+def calibration(folder: Path) -> dict | None:
+    """The choice `turborag calibrate` recorded next to a model or adapter (its turborag_calibration.json:
+    the training-free mode, its settings and what it measured), or None."""
+    path = folder / CALIBRATION_FILE
+    if not path.exists():
+        return None
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ModelError(
+            f"{path}: unreadable calibration ({e}); remove it or run `turborag calibrate` again"
+        ) from None
+    if not isinstance(record, dict) or not isinstance(record.get("mode"), str):
+        raise ModelError(f"{path}: not a calibration record (no 'mode'); run `turborag calibrate` again")
+    return record
 
 
 def check_abstain_threshold(value: float) -> float:
@@ -380,6 +405,8 @@ def load_model(
         cache_aware=is_cache_aware(folder),
         abstain_threshold=abstain_threshold(folder),
         name_check=name_check(folder),
+        calibration=calibration(folder),
+        folder=folder,
     )
 
 

@@ -35,7 +35,9 @@ class Message(BaseModel):
 class TurboOptions(BaseModel):
     """The `turborag` extension field of a chat request: how to retrieve, and the cache mode to answer in."""
 
-    mode: Literal["auto", "full", "turbo", "turbo-composite", "turbo-epic", "turbo-blend"] = "auto"
+    mode: Literal[
+        "auto", "full", "turbo", "turbo-composite", "turbo-epic", "turbo-blend", "turbo-ape", "turbo-ape-epic"
+    ] = "auto"
     top_k: int = Field(5, ge=1, le=MAX_TOP_K)
     contexts: list[str] | None = None
     retrieve: bool = True
