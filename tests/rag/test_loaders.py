@@ -39,6 +39,24 @@ def test_html_uses_a_parser():
     assert "one\n\ntwo" in text and "a\nb" in text
 
 
+def test_html_drops_the_page_chrome():
+    """Navigation, banners, sidebars and footers repeat on every page of a site: not the page's text. An
+    article's own header (its heading) stays."""
+    page = (
+        "<html><head><title>Leave policy</title></head><body>"
+        "<header><a href='/'>Intranet home</a> | <a href='/hr'>HR</a></header>"
+        "<nav><ul><li>Home</li><li>Payroll</li></ul></nav>"
+        "<main><article><header><h1>Annual leave</h1></header><p>Staff get 25 days a year.</p></article>"
+        "<aside>Related: sick leave</aside></main>"
+        "<div role='navigation'>Skip to content</div><footer>Copyright 2024 | Contact us</footer>"
+        "</body></html>"
+    )
+    text = html_text(page)
+    assert text == "Leave policy\n\nAnnual leave\n\nStaff get 25 days a year."
+    for chrome in ("Intranet home", "HR", "Payroll", "sick leave", "Skip to content", "Copyright"):
+        assert chrome not in text
+
+
 def test_html_file(tmp_path):
     (tmp_path / "p.html").write_text("<p>Hello <i>there</i>.</p>")
     docs, _ = _load(tmp_path / "p.html")

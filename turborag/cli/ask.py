@@ -23,7 +23,7 @@ from turborag.cli.common import (
     set_name_check,
 )
 from turborag.cli.loading import default_store, load_engine, open_catalog
-from turborag.cli.remote import ServerError, ServerUnreachable, ask_server, find_server
+from turborag.cli.remote import ServerBusy, ServerError, ServerUnreachable, ask_server, find_server
 from turborag.core.defaults import MODES
 
 
@@ -49,6 +49,13 @@ def ask(
         "running on --store, if there is one",
     ),
     local: bool = typer.Option(False, "--local", help="load the model here even if a server is running"),
+    timeout: float = typer.Option(
+        None,
+        "--timeout",
+        min=0,
+        help="a busy server: give up (exit 1) if its answer has not started after this many seconds; "
+        "default: wait, with a progress line now and then",
+    ),
     api_key: str = typer.Option(None, envvar="TURBORAG_API_KEY", help="the server's API key, if it has one"),
     abstain_threshold: float = AbstainThresholdOpt,
     name_check: bool = NameCheckOpt,
@@ -71,11 +78,15 @@ def ask(
     url = server or (None if local or own_engine else find_server(store or default_store()))
     if url:
         try:
-            return _ask_remote(url, question, mode, top_k, max_new_tokens, api_key, as_json, collection)
-        except ServerUnreachable as e:
+            return _ask_remote(
+                url, question, mode, top_k, max_new_tokens, api_key, as_json, collection, timeout
+            )
+        except ServerUnreachable as e:  # nothing took the connection: there is no server to wait for
             if server:
                 fail(str(e))
             typer.echo(f"warning: {e}; answering here", err=True)
+        except ServerBusy as e:  # never answered here as well: that would compute the answer twice
+            fail(str(e), code=1)
         except ServerError as e:
             fail(str(e))
     catalog = open_catalog(store, create=False, collection=collection)
@@ -85,15 +96,22 @@ def ask(
     _ask_local(engine, catalog, question, collection, mode, top_k, max_new_tokens, as_json)
 
 
-def _ask_remote(url, question, mode, top_k, max_new_tokens, api_key, as_json, collection) -> None:
+def _ask_remote(url, question, mode, top_k, max_new_tokens, api_key, as_json, collection, timeout) -> None:
+    """The answer through the server at `url`; while a busy server has not started it, a line on stderr
+    now and then says that `ask` is waiting (and is not stuck)."""
     answer = None
-    for item in ask_server(url, question, mode, top_k, max_new_tokens, api_key, collection):
+    stream = ask_server(url, question, mode, top_k, max_new_tokens, api_key, collection, timeout, _stderr)
+    for item in stream:
         if not isinstance(item, str):
             answer = item
         elif not as_json:
             sys.stdout.write(item)
             sys.stdout.flush()
     _report(answer, answer.mode or mode, answer.chunks, as_json, via=url)
+
+
+def _stderr(line: str) -> None:
+    typer.echo(line, err=True)
 
 
 def _ask_local(engine, catalog, question, collection, mode, top_k, max_new_tokens, as_json) -> None:

@@ -40,6 +40,11 @@ def _engine_for_sizes(
     return engine
 
 
+def progress(line: str) -> None:
+    """A benchmark's progress line on stderr, as text (never rich markup: it has none)."""
+    console.print(line, markup=False, highlight=False)
+
+
 @app.command("ttft")
 def bench_ttft_cmd(
     context_tokens: str = typer.Option("512,2048,8192", help="comma-separated context sizes in tokens"),
@@ -54,16 +59,14 @@ def bench_ttft_cmd(
     plot: Path = PlotOpt,
 ) -> None:
     """Full vs turbo TTFT per context size, alternating in one run; precompute throughput; bytes/token."""
-    from turborag.bench.engine import bench_ttft, rows_as_dicts
+    sizes = int_list(context_tokens, "--context-tokens")
+    check_plot(plot)
+    from turborag.bench.engine import bench_ttft, rows_as_dicts  # torch: after the argument checks
     from turborag.bench.plots import plot_ttft
     from turborag.core.model import bytes_per_token
 
-    sizes = int_list(context_tokens, "--context-tokens")
-    check_plot(plot)
     engine = _engine_for_sizes(sizes, model, device, store, template, dtype)
-    rows = bench_ttft(
-        engine, sizes, repeats, chunk_tokens, log=lambda r: console.print(r) if not as_json else None
-    )
+    rows = bench_ttft(engine, sizes, repeats, chunk_tokens, log=(lambda line: None) if as_json else progress)
     info = {
         "model": model,
         "device": str(engine.lm.device),
@@ -122,12 +125,12 @@ def bench_abstain_cmd(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Turbo TTFT with and without scoring the abstention reply (--abstain-threshold), alternating."""
-    from turborag.bench.engine import bench_abstain_cost, rows_as_dicts
-
     sizes = int_list(context_tokens, "--context-tokens")
+    from turborag.bench.engine import bench_abstain_cost, rows_as_dicts  # torch: after the argument check
+
     engine = _engine_for_sizes(sizes, model, device, None, "auto", dtype)
     rows = bench_abstain_cost(
-        engine, sizes, repeats, chunk_tokens, log=lambda r: console.print(r) if not as_json else None
+        engine, sizes, repeats, chunk_tokens, log=(lambda line: None) if as_json else progress
     )
     info = {
         "model": model,

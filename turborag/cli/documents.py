@@ -28,20 +28,26 @@ from turborag.cli.common import (
     plural,
 )
 from turborag.cli.loading import default_store, load_engine, open_catalog, store_kv
+from turborag.core.progress import PlainProgress
 
 # The store, the model and the RAG pipeline (torch with them) are imported inside the commands, so that
 # loading the CLI stays light.
 
 
 class RichProgress:
-    """Ingest progress on stderr: bar, chunks done/total, tokens/s, ETA."""
+    """Ingest progress on stderr: bar, chunks done/total, tokens/s, ETA. When stderr is not a terminal (a log
+    file), where a bar shows nothing, a plain line every few seconds instead."""
 
     def __init__(self, enabled: bool):
         self.enabled = enabled
         self.bar = None
+        self.plain: PlainProgress | None = None
 
     def start(self, chunks: int, tokens: int) -> None:
         if not self.enabled or not chunks:
+            return
+        if not console.is_terminal:
+            self.plain = PlainProgress("ingest", chunks, "chunks", stream=console.file)
             return
         from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -60,6 +66,8 @@ class RichProgress:
         self.bar.start()
 
     def advance(self, chunks: int, tokens: int) -> None:
+        if self.plain is not None:
+            self.plain.update(chunks)
         if self.bar is None:
             return
         self.done += chunks
@@ -68,6 +76,9 @@ class RichProgress:
         self.bar.update(self.task, chunks=self.done, tps=f"{speed:.0f}" if speed else "-")
 
     def stop(self) -> None:
+        if self.plain is not None:
+            self.plain.close()
+            self.plain = None
         if self.bar is not None:
             self.bar.stop()
             self.bar = None
@@ -117,19 +128,20 @@ def ingest(
 ) -> None:
     """Add files to the store: chunk, precompute KV caches, embed. Unchanged files cost nothing; a killed run
     resumes where it stopped."""
-    from turborag.rag.chunker import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP, Chunker, check_params
-    from turborag.rag.embed import Embedder
-    from turborag.rag.ingest import Ingestor, StoreWriteError
-    from turborag.rag.loaders import LoadReport, find_files
-    from turborag.store.catalog import StoreError, is_store
-
-    for p in paths:
+    for p in paths:  # before any import below: a mistyped path is answered at once
         if not p.expanduser().exists():
             fail(f"no such file or folder: {p}")
     try:
         cap = parse_bytes(max_disk_bytes) if max_disk_bytes is not None else None
     except ValueError as e:
         fail(f"--max-disk-bytes: {e}")
+    cache_dtype = parse_cache_format(cache_format)
+    from turborag.rag.chunker import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP, Chunker, check_params
+    from turborag.rag.embed import Embedder
+    from turborag.rag.ingest import IngestInterrupted, Ingestor, StoreWriteError
+    from turborag.rag.loaders import LoadReport, find_files
+    from turborag.store.catalog import StoreError, is_store
+
     if not is_store((store or default_store()).expanduser()):
         # A new store and no file it could read: say so before creating anything or loading the model.
         report = LoadReport()
@@ -155,7 +167,7 @@ def ingest(
             dtype=dtype,
             kv_url=store_url,
             max_disk_bytes=cap,
-            cache_format=parse_cache_format(cache_format),
+            cache_format=cache_dtype,
             chunk_tokens=size,
             chunk_overlap=ovl,
         )
@@ -168,11 +180,20 @@ def ingest(
     ingestor = Ingestor(engine, catalog, Embedder(), chunker, progress=progress, remote=remote)
     try:
         res = ingestor.run(paths, prune=prune)
+    except IngestInterrupted as e:
+        _interrupted(e.saved, e.total)
     except StoreWriteError as e:
         fail(str(e), code=1)
     except (FileNotFoundError, StoreError) as e:
         fail(str(e))
     _report_ingest(res, paths, catalog, as_json)
+
+
+def _interrupted(saved: int, total: int) -> None:
+    """Ctrl-C: one line saying what is kept, so that nobody starts over from scratch; exit 130 (SIGINT)."""
+    done = f"{saved} of {plural(total, 'chunk cache')} saved" if total else "no chunk cache computed yet"
+    typer.echo(f"interrupted: {done}; run the same command again to resume", err=True)
+    raise typer.Exit(130)
 
 
 def _ray_remote(engine, catalog, address: str, workers: int):
@@ -267,11 +288,11 @@ def remove(
     as_json: bool = JsonOpt,
 ) -> None:
     """Drop documents from a collection of the store, and the caches no other document uses."""
+    catalog = open_catalog(store, create=False, collection=collection)  # a missing store: before torch
     from turborag.rag.ingest import StoreWriteError
     from turborag.rag.ingest import remove as remove_documents
     from turborag.store.catalog import StoreError
 
-    catalog = open_catalog(store, create=False, collection=collection)
     try:
         docs, chunks = remove_documents(catalog, store_kv(catalog), paths)
     except StoreError as e:

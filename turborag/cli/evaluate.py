@@ -89,9 +89,6 @@ def eval_cmd(
     ),
 ) -> None:
     """Accuracy and TTFT of every mode on the same questions and passages."""
-    from turborag.bench.plots import plot_eval
-    from turborag.eval.evaluate import load_examples, run_eval
-
     mode_list = parse_modes(modes)
     if scoring not in SCORINGS:
         fail(f"unknown --scoring {scoring!r}: use {' or '.join(SCORINGS)}")
@@ -99,6 +96,10 @@ def eval_cmd(
     cache_dtype = parse_cache_format(cache_format)
     if not data.is_file():
         fail(f"no such file: {data}")
+    # after the checks above: evaluate imports torch, seconds a mistyped argument should not wait for
+    from turborag.bench.plots import plot_eval
+    from turborag.eval.evaluate import load_examples, run_eval
+
     examples, problems = load_examples(data, limit)
     for p in problems:
         typer.echo(f"warning: skipped {data}:{p}", err=True)

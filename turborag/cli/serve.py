@@ -72,24 +72,25 @@ def serve(
     name_check: bool = NameCheckOpt,
 ) -> None:
     """OpenAI-compatible HTTP server: /v1/chat/completions (retrieval + turbo), /v1/completions, documents."""
-    import uvicorn
-
-    from turborag.serve import create_app
-
     try:
         ram = parse_bytes(ram_cache_bytes)
     except ValueError as e:
         fail(f"--ram-cache-bytes: {e}")
-    from turborag.serve.access import Access, KeysError
-
     if keys is not None and not keys.expanduser().is_file():
         fail(f"--keys {keys}: no such file (make one with `turborag keys add NAME --keys {keys}`)")
+    if read_only and store is None and not (default_store() / "catalog.sqlite").exists():
+        fail("--read-only serves a store: pass --store DIR (one that `turborag ingest` made)")
+    if store is not None:  # a missing or foreign --store is one line, before the server's imports
+        open_catalog(store, create=False, read_only=read_only).close()
+    # the server (FastAPI, and torch through the engine it serves): imported once the arguments are known good
+    from turborag.serve import create_app
+    from turborag.serve.access import Access, KeysError
+    from turborag.serve.app import run_app
+
     try:
         access = Access.from_file(keys.expanduser() if keys else None)
     except KeysError as e:
         fail(f"--keys: {e}")
-    if read_only and store is None and not (default_store() / "catalog.sqlite").exists():
-        fail("--read-only serves a store: pass --store DIR (one that `turborag ingest` made)")
     backend = serve_backend(
         store, model, device, max_tokens, dtype=dtype, ram_cache_bytes=ram, read_only=read_only
     )
@@ -115,18 +116,18 @@ def serve(
     if notice := backend.engine.auto_notice():
         console.print(f"note: {notice} (requests that leave `turborag.mode` out get `auto`)")
     if backend.documents is None:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        run_app(app, host, port)
         return
     # `turborag ask` on this store finds the server through this file and asks it instead of loading a model.
     # uvicorn re-raises SIGTERM after its graceful shutdown; exiting through SystemExit lets `finally` run.
+    # The file goes as soon as the signal comes (`on_exit`): a stopping server takes no new question.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    write_server_file(
-        backend.documents.root, local_url(host, port), backend.model_name, bool(api_key or keys)
-    )
+    root = backend.documents.root
+    write_server_file(root, local_url(host, port), backend.model_name, bool(api_key or keys))
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning")
+        run_app(app, host, port, on_exit=lambda: remove_server_file(root))
     finally:
-        remove_server_file(backend.documents.root)
+        remove_server_file(root)
 
 
 def serve_backend(

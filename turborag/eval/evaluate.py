@@ -26,11 +26,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tqdm import tqdm
-
 from turborag.core import grounding
 from turborag.core.engine import Engine, check_mode
 from turborag.core.generate import SamplingParams
+from turborag.core.progress import progress_bar
 from turborag.eval.metrics import SCORINGS, abstains, contains_answer, exact_match, rgb_contains, rgb_declines
 
 log = logging.getLogger(__name__)
@@ -139,14 +138,14 @@ def run_eval(
     for m in modes:
         check_mode(m)
     passages = [c for ex in examples for c in ex.contexts]
-    with tqdm(desc="precompute (offline, untimed)", unit="tok", disable=not progress) as bar:
+    with progress_bar("precompute (offline, untimed)", unit="tok", enabled=progress) as bar:
         engine.precompute(passages, on_batch=bar.update)
     params = SamplingParams(max_new_tokens=max_new_tokens, stop_at_newline=True)
     # Warm-up: the first forward pays one-off costs (allocator, kernels) that belong to no mode.
     engine.answer(examples[0].question, examples[0].contexts, modes[0], SamplingParams(max_new_tokens=1))
 
     scores: dict[str, list[tuple[bool, bool, float, bool, bool]]] = {m: [] for m in modes}
-    for ex in tqdm(examples, desc="eval", unit="q", disable=not progress):
+    for ex in progress_bar("eval", unit="q", enabled=progress, iterable=examples):
         for m in modes:
             a = engine.answer(ex.question, ex.contexts, m, params)
             hit, em, abstained = _score(a.text, ex, scoring)

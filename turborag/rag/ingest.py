@@ -63,6 +63,15 @@ class StoreWriteError(Exception):
     before the failure is lost."""
 
 
+class IngestInterrupted(KeyboardInterrupt):
+    """Ctrl-C during an ingest, with how far it got: `saved` of the `total` chunk caches this run had to
+    compute are on disk, and a rerun of the same command skips them (it resumes)."""
+
+    def __init__(self, saved: int, total: int):
+        super().__init__(f"{saved} of {total} chunk caches saved")
+        self.saved, self.total = saved, total
+
+
 @dataclass
 class IngestResult:
     documents: int = 0  # documents found under the given paths (new, changed and unchanged)
@@ -151,6 +160,7 @@ class Ingestor:
         self.chunker = chunker
         self.group = group or engine.batch_size * 8  # = one store group of Engine.precompute
         self.progress = progress or Progress()
+        self._todo: dict[str, int] = {}  # cache key -> tokens: the caches this run computes
 
     def run(self, paths: Sequence[str | Path], prune: bool = False) -> IngestResult:
         """Ingest `paths`. Raises FileNotFoundError (a path does not exist) before writing anything."""
@@ -173,11 +183,17 @@ class Ingestor:
             if err is None:
                 raise
             raise err from e
+        except KeyboardInterrupt:
+            raise IngestInterrupted(*self._saved()) from None
         finally:
             self.progress.stop()
         res.skipped, res.warnings = report.skipped, report.warnings
         res.seconds = round(time.perf_counter() - t0, 3)
         return res
+
+    def _saved(self) -> tuple[int, int]:
+        """(caches on disk, caches to compute) of this run: what an interrupted run leaves for the next."""
+        return sum(k in self.engine.store for k in self._todo), len(self._todo)
 
     # -- 1 + 2: what changed ---------------------------------------------------------------------
 
@@ -224,6 +240,7 @@ class Ingestor:
         repair_items = self._repair_items(repairs) if repairs else []
         todo = {k: n for p in pending for k, n in zip(p.keys, p.sizes) if k not in store}
         todo.update((k, n) for k, _, n in repair_items)
+        self._todo = todo
         self.progress.start(len(todo), sum(todo.values()))
         if self.remote is not None:
             items = [(k, c.text, n) for p in pending for c, k, n in zip(p.chunks, p.keys, p.sizes)]

@@ -195,15 +195,23 @@ _BLOCKS = [
 ]
 
 
+# The page's chrome: site navigation, sidebars, banners and footers, the same on every page of a site. In a
+# chunk it is noise ("Intranet home | HR | Contact") that retrieval matches and the model reads as content.
+_CHROME = ["nav", "aside", "header", "footer"]
+_CHROME_ROLES = ["navigation", "complementary", "banner", "contentinfo"]  # the same, marked up with ARIA
+
+
 def html_text(html: str) -> str:
     """Visible text of an HTML page: the title, then the body with one paragraph per block element (inline
-    elements such as <b> stay inside their sentence); scripts, styles and the like are dropped."""
+    elements such as <b> stay inside their sentence); scripts, styles and the like are dropped, and so is the
+    page's navigation, sidebars, header and footer (`_drop_chrome`)."""
     from bs4 import BeautifulSoup
 
     soup = BeautifulSoup(html, "html.parser")
     title = soup.title.get_text(" ", strip=True) if soup.title else ""
     for tag in soup(["head", "script", "style", "noscript", "template", "svg"]):
         tag.decompose()
+    _drop_chrome(soup)
     for br in soup("br"):
         br.replace_with("\n")
     for tag in soup(_BLOCKS):
@@ -218,6 +226,18 @@ def html_text(html: str) -> str:
     if out and out[0] == title and len(out) > 2 and out[2] == title:
         out = out[2:]  # the page repeats its title as a heading
     return "\n".join(out).strip()
+
+
+def _drop_chrome(soup) -> None:
+    """Remove the page's chrome (`_CHROME`). A <header> or <footer> inside an <article> or <main> is the
+    content's own (an article's heading and byline), so it stays; an explicit ARIA role always goes."""
+    for tag in soup.find_all(_CHROME) + soup.find_all(attrs={"role": _CHROME_ROLES}):
+        if tag.decomposed:  # inside chrome removed already
+            continue
+        own = tag.name in ("header", "footer") and tag.get("role") is None
+        if own and tag.find_parent(["article", "main"]) is not None:
+            continue
+        tag.decompose()
 
 
 def _pdf_text(src: SourceFile, report: LoadReport) -> str | None:

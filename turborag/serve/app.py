@@ -26,6 +26,9 @@ responses.py; the routes in openai_routes.py, monitoring_routes.py and documents
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException
 
@@ -78,4 +81,37 @@ def create_app(
     return app
 
 
-__all__ = ["Backend", "create_app"]
+# Seconds uvicorn waits for open responses after SIGTERM before cancelling them. The model worker ends every
+# generation at its next decode step once the server stops, so this is only a backstop (a long prefill).
+GRACEFUL_SHUTDOWN_S = 3
+
+
+def run_app(app: FastAPI, host: str, port: int, on_exit: Callable[[], None] | None = None) -> None:
+    """Serve `app` with uvicorn until SIGTERM or Ctrl-C. On that signal the model worker stops at once (new
+    requests get 503, running generations end at their next decode step) and `on_exit` runs (the CLI takes
+    its server file back), before uvicorn's graceful shutdown, which otherwise would wait for every open
+    response to finish generating."""
+    import uvicorn
+
+    worker = app.state.worker
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            worker.stop()
+            if on_exit is not None:
+                on_exit()
+            super().handle_exit(sig, frame)
+
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S
+    )
+    server = Server(config)
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C once it has shut down, as `uvicorn.run` expects
+        pass
+    if not server.started:  # e.g. the port is taken (uvicorn has logged why)
+        sys.exit(3)
+
+
+__all__ = ["Backend", "create_app", "run_app"]

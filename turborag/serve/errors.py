@@ -43,9 +43,12 @@ class APIError(Exception):
         self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
         self.headers = headers or {}
 
+    def body(self) -> dict:
+        """The inside of OpenAI's `{"error": ...}`."""
+        return {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+
     def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-        return JSONResponse(body, status_code=self.status, headers=self.headers)
+        return JSONResponse({"error": self.body()}, status_code=self.status, headers=self.headers)
 
 
 def forbidden(message: str) -> APIError:

@@ -17,7 +17,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from turborag.core.engine import Answer
 from turborag.serve.schemas import SamplingFields
-from turborag.serve.state import ServerState, Started
+from turborag.serve.state import ServerState, Started, shutting_down
+from turborag.serve.worker import ShuttingDown
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy buffering of the stream
 
@@ -106,6 +107,8 @@ async def whole_response(state: ServerState, started: Started, shape: Shape, ext
         async for it in started.items():
             if isinstance(it, Answer):
                 answer = it
+    except ShuttingDown as e:
+        raise shutting_down(e) from None
     finally:
         started.job.cancel()
     state.metrics.observe(answer)
@@ -121,11 +124,15 @@ async def events(state: ServerState, started: Started, shape: Shape, extra: dict
         if shape.chat:
             yield sse(shape.chunk([shape.delta({"role": "assistant", "content": ""}, None)]))
         answer = None
-        async for it in started.items():
-            if isinstance(it, Answer):
-                answer = it
-                continue
-            yield sse(shape.chunk([shape.choice(it, None, True)]))
+        try:
+            async for it in started.items():
+                if isinstance(it, Answer):
+                    answer = it
+                    continue
+                yield sse(shape.chunk([shape.choice(it, None, True)]))
+        except ShuttingDown as e:  # the headers are sent: the error goes in the stream, as OpenAI's do
+            yield sse({"error": shutting_down(e).body()})
+            return
         yield sse(
             shape.chunk([shape.last_choice(answer.finish_reason)], turborag=turborag_field(extra, answer))
         )

@@ -22,7 +22,7 @@ from turborag.core.generate import DecodeState
 from turborag.serve.access import EVERYTHING, Access, Principal
 from turborag.serve.errors import APIError, forbidden
 from turborag.serve.metrics import Metrics
-from turborag.serve.worker import Generation, Job, ModelWorker, QueueFull, step_alone
+from turborag.serve.worker import Generation, Job, ModelWorker, QueueFull, ShuttingDown, step_alone
 from turborag.store.catalog import StoreError
 from turborag.store.errors import StoreUnavailable
 
@@ -55,6 +55,11 @@ class Started:
             yield self.first
         async for it in self.rest:
             yield it
+
+
+def shutting_down(e: ShuttingDown) -> APIError:
+    """503 for a request refused or stopped because the server is shutting down (SIGTERM)."""
+    return APIError(503, str(e), "server_error", "shutting_down", headers={"Retry-After": "1"})
 
 
 class ServerState:
@@ -154,12 +159,16 @@ class ServerState:
                 "queue_full",
                 headers={"Retry-After": "1"},
             ) from None
+        except ShuttingDown as e:
+            raise shutting_down(e) from None
         self.update_queue_depth()
         items = job.items()
         try:
             first = await items.__anext__()
         except PromptTooLong as e:
             raise APIError(400, str(e), code="context_length_exceeded") from None
+        except ShuttingDown as e:
+            raise shutting_down(e) from None
         except StoreUnavailable as e:  # e.g. an upload while the shared store is down: retry later
             retry = {"Retry-After": "5"}
             raise APIError(

@@ -18,6 +18,10 @@ time (Orca's iteration-level scheduling):
 
 A plain job (`run`: an iterator, e.g. a document upload) runs alone, to completion, when admitted; the
 running decodes wait for it.
+
+Shutdown (`stop`, on SIGTERM): new jobs are refused with `ShuttingDown` at once; between two decode steps
+the worker ends every running and queued job with `ShuttingDown` (an HTTP 503, or an error event in a
+stream), so the server's graceful shutdown, which waits for open responses, takes a step, not a generation.
 """
 
 from __future__ import annotations
@@ -37,6 +41,13 @@ _DONE = object()
 
 class QueueFull(Exception):
     """The model's queue is full; retry later."""
+
+
+class ShuttingDown(Exception):
+    """The server is shutting down: the job was refused, or stopped before it finished."""
+
+    def __init__(self, message: str = "the server is shutting down; retry on another server or later"):
+        super().__init__(message)
 
 
 @dataclass
@@ -106,6 +117,8 @@ class ModelWorker:
         self.cancelled = 0
         self.generated = 0  # tokens decoded, all requests
         self.tokens_per_s = 0.0  # decode throughput of the last iteration with running sequences
+        # set once by `stop` (from a signal handler: a plain attribute, no lock to deadlock on)
+        self.stopping = False
         self._thread = threading.Thread(target=self._loop, name="turborag-model", daemon=True)
         self._thread.start()
 
@@ -116,7 +129,9 @@ class ModelWorker:
 
     def submit(self, work: Callable[[], Iterator] | Generation) -> Job:
         """Queue a plain job (a callable returning an iterator of items) or a Generation; raises QueueFull
-        when the queue is."""
+        when the queue is, ShuttingDown once `stop` was called."""
+        if self.stopping:
+            raise ShuttingDown
         if isinstance(work, Generation):
             if self.step is None:
                 raise ValueError("this worker has no decode step: submit generations as plain jobs")
@@ -129,11 +144,18 @@ class ModelWorker:
             raise QueueFull from None
         return job
 
+    def stop(self) -> None:
+        """Refuse new jobs, and end the running and queued ones before the next decode step. Safe to call
+        from a signal handler."""
+        self.stopping = True
+
     # -- the loop ----------------------------------------------------------------------------------------
 
     def _loop(self) -> None:
         running: list[tuple[Job, DecodeState]] = []
         while True:
+            if self.stopping:
+                self._end_all(running)
             self._admit(running)
             running[:] = [(job, seq) for job, seq in running if not self._dropped(job)]
             self.running = len(running)
@@ -166,6 +188,9 @@ class ModelWorker:
                 self.cancelled += 1
                 job._put(_DONE)
                 continue
+            if self.stopping:  # queued before `stop`, taken after it
+                self._finish(job, ShuttingDown())
+                continue
             if job.begin is None:
                 self.running = len(running) + 1
                 self._run_alone(job)
@@ -179,6 +204,18 @@ class ModelWorker:
             if not self._hand_out(job, seq):
                 running.append((job, seq))
                 self.running = len(running)
+
+    def _end_all(self, running: list[tuple[Job, DecodeState]]) -> None:
+        """Shutdown: every running and queued job ends with ShuttingDown."""
+        for job, _ in running:
+            self._finish(job, ShuttingDown())
+        running.clear()
+        self.running = 0
+        while True:
+            try:
+                self._finish(self.jobs.get_nowait(), ShuttingDown())
+            except queue.Empty:
+                return
 
     def _hand_out(self, job: Job, seq: DecodeState) -> bool:
         """Pick the sequence's next token and hand out what it releases; True once it has finished."""
@@ -208,6 +245,9 @@ class ModelWorker:
             for item in gen:
                 if job.cancelled.is_set():
                     self.cancelled += 1
+                    break
+                if self.stopping:
+                    job._put(ShuttingDown())
                     break
                 job._put(item)
         except BaseException as e:

@@ -32,8 +32,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from turborag.store import kv_store
-
 CATALOG = "catalog.sqlite"
 STORE_FORMAT = "turborag-store"
 SCHEMA_VERSION = "2"
@@ -206,6 +204,9 @@ class Catalog:
             raise StoreError(f"{self.path} is not a turborag catalog (no meta table)")
         self.collection = DEFAULT_COLLECTION
         self._collection_id: int | None = None
+        # kv_store imports torch: here, not at the top, so that a missing store is one quick error line
+        from turborag.store import kv_store
+
         meta = self.meta()
         if not meta:
             self.set_meta(

@@ -38,10 +38,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
-from tqdm import tqdm
 
 from turborag.core import hf_compat, kv
 from turborag.core.model import LoadedModel, layer_inv_freq
+from turborag.core.progress import progress_bar
 from turborag.core.prompt import PromptLayout, answer_ids
 
 log = logging.getLogger(__name__)
@@ -280,7 +280,7 @@ def finetune(lm: LoadedModel, cfg: TrainConfig, progress: bool = True) -> Path:
         frac = (step - warmup) / max(1, cfg.steps - warmup)
         return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, frac))))
 
-    bar = tqdm(total=cfg.steps, initial=start, desc="finetune", unit="step", disable=not progress)
+    bar = progress_bar("finetune", total=cfg.steps, unit="step", enabled=progress, initial=start)
     t0 = time.perf_counter()
     for step in range(start, cfg.steps):
         t_step = time.perf_counter()

@@ -379,6 +379,7 @@ async function load() {
     await loadDocuments();
   } catch (err) {
     if (err.code !== "no_store") throw err;
+    $("doc-list").replaceChildren(); // no "Loading documents…": there are none to load
     $("documents").querySelector(".drop").hidden = true;
     $("upload-status").textContent =
       "This server has no document store (start it with --store): questions are answered without retrieval.";

@@ -1,0 +1,63 @@
+"""`turborag bench ttft` on a tiny model: every mode answers once, untimed, before the first measurement, and
+the progress lines are text, not dataclass reprs."""
+
+from __future__ import annotations
+
+import torch
+from conftest import char_tokenizer, make
+from typer.testing import CliRunner
+
+from turborag.bench import engine as bench_engine
+from turborag.bench.engine import QUESTION, bench_ttft
+from turborag.cli import app
+from turborag.core.engine import Engine
+from turborag.core.model import LoadedModel, fingerprint
+from turborag.store.kv_store import KVStore
+
+runner = CliRunner()
+
+
+def _engine(tmp_path) -> Engine:
+    model, tok = make("gemma3"), char_tokenizer()
+    lm = LoadedModel(model, tok, "tiny", fingerprint(model, tok), torch.device("cpu"), torch.float32)
+    return Engine(lm, KVStore(tmp_path, dtype="float32"))
+
+
+def test_each_mode_is_warmed_up_before_it_is_timed(tmp_path, monkeypatch):
+    engine = _engine(tmp_path)
+    calls: list[tuple[str, float]] = []  # (mode, ttft) of every answer to the benchmark's question
+    answer = engine.answer
+
+    def counting(question, passages, mode, *args, **kwargs):
+        a = answer(question, passages, mode, *args, **kwargs)
+        if question == QUESTION:
+            calls.append((mode, a.ttft_s))
+        return a
+
+    monkeypatch.setattr(engine, "answer", counting)
+    floors: list[float] = []
+    floor = bench_engine.floor_ttft
+
+    def counting_floor(*args):
+        floors.append(floor(*args))
+        return floors[-1]
+
+    monkeypatch.setattr(bench_engine, "floor_ttft", counting_floor)
+    lines = []
+    rows = bench_ttft(engine, [64, 128], repeats=1, chunk_tokens=32, log=lines.append)
+
+    # one untimed call per mode at the first size, then one timed call per mode and size
+    assert [m for m, _ in calls] == ["full", "turbo", "full", "turbo", "full", "turbo"]
+    assert rows[0].full_ttft_s == calls[2][1] and rows[0].turbo_ttft_s == calls[3][1]  # not calls 0 and 1
+    assert len(floors) == 3 and rows[0].floor_ttft_s == floors[1]
+    assert lines == [r.summary() for r in rows] and all(isinstance(line, str) for line in lines)
+    assert lines[0].startswith("64 context tokens: full ")
+
+
+def test_cli_prints_progress_lines_not_reprs(tiny_model_dir, env):
+    args = ["bench", "ttft", "--model", tiny_model_dir, "--repeats", "1", "--chunk-tokens", "32"]
+    r = runner.invoke(app, [*args, "--context-tokens", "64,128"])
+    assert r.exit_code == 0, r.output
+    assert "TTFTRow(" not in r.stderr and "TTFTRow(" not in r.stdout
+    assert "64 context tokens: full " in r.stderr and "128 context tokens: full " in r.stderr
+    assert "speedup" in r.stdout  # the table
