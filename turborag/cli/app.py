@@ -14,25 +14,70 @@ import sys
 import warnings
 
 import typer
+from typer.core import TyperGroup
 from typer.exceptions import TyperException
 
-from turborag.cli import ask, bench, cache, data, demo, documents, evaluate, finetune, gate, keys, rgb, serve
+from turborag.cli import (
+    ask,
+    bench,
+    cache,
+    calibrate,
+    data,
+    demo,
+    documents,
+    evaluate,
+    finetune,
+    gate,
+    keys,
+    rgb,
+    serve,
+)
 
+
+class HelpGroup(TyperGroup):
+    """A command group whose `--help` lists each command's summary whole, wrapped to the terminal.
+
+    Click shortens a summary to what fits on one line and ends it with "..."; ours are one or two sentences
+    and say what the command is for, so they are wrapped instead.
+    """
+
+    def format_commands(self, ctx, formatter) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is not None and not cmd.hidden:
+                rows.append((name, summary(cmd.short_help or cmd.help or "")))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
+
+def summary(help_text: str) -> str:
+    """The first paragraph of a command's help, on one line (the formatter wraps it)."""
+    return " ".join(help_text.strip().split("\n\n")[0].split())
+
+
+# Plain click help, not rich's: rich's option table gives the help text whatever width the option names,
+# types and defaults leave, and at 80 columns cuts words with "…"; click's layout wraps every word whole.
+# No help text uses rich markup, which would also eat literal brackets (`pip install 'turborag[ray]'`).
 app = typer.Typer(
     help="TurboRAG: RAG answers that start fast, from precomputed chunk KV caches.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    cls=HelpGroup,
 )
 data.app.command("rgb")(rgb.rgb)  # `turborag data rgb`: its own module, RGB is not our data
-app.add_typer(data.app, name="data")
-app.add_typer(bench.app, name="bench")
+app.add_typer(data.app, name="data", cls=HelpGroup)
+app.add_typer(bench.app, name="bench", cls=HelpGroup)
 app.command()(demo.demo)
 app.command("eval")(evaluate.eval_cmd)
 app.command()(gate.gate)
+app.command()(calibrate.calibrate)
 app.command()(finetune.finetune)
 app.command()(serve.serve)
-app.add_typer(cache.app, name="cache")
-app.add_typer(keys.app, name="keys")
+app.add_typer(cache.app, name="cache", cls=HelpGroup)
+app.add_typer(keys.app, name="keys", cls=HelpGroup)
 app.command()(documents.ingest)
 app.command()(documents.remove)
 app.command()(ask.ask)

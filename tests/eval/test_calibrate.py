@@ -1,0 +1,114 @@
+"""`turborag calibrate` (eval/calibrate.py): full and every training-free candidate on the user's questions,
+the best recorded next to the model, and `--mode auto` answering in it with its settings."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from helpers import CORPUS, QUESTIONS, cli_json
+from typer.testing import CliRunner
+
+from turborag.cli import app
+from turborag.core.engine import Engine
+from turborag.core.model import CALIBRATION_FILE, ModelError, load_model
+from turborag.eval.calibrate import CANDIDATES, Candidate, calibrate
+from turborag.eval.evaluate import load_examples
+from turborag.store.kv_store import KVStore
+
+runner = CliRunner()
+
+
+def _qa_file(path, rgb: bool = False):
+    """Our own made-up questions, three passages each (the answering one and two others)."""
+    names = list(CORPUS)
+    with path.open("w") as f:
+        for i, (question, name) in enumerate(QUESTIONS[:3]):
+            others = [CORPUS[n] for n in names if n != name][i : i + 2]
+            record = {"question": question, "answers": ["x"], "contexts": [CORPUS[name], *others]}
+            if rgb:
+                record["rgb_id"] = i
+            f.write(json.dumps(record) + "\n")
+    return path
+
+
+@pytest.fixture
+def model_copy(tiny_model_dir, tmp_path):
+    """A private copy of the tiny model folder: calibration writes into it."""
+    return shutil.copytree(tiny_model_dir, tmp_path / "model")
+
+
+def test_calibrate_records_the_best_candidate_and_auto_uses_it(env, model_copy, tmp_path):
+    data = _qa_file(tmp_path / "qa.jsonl")
+    args = ["--model", str(model_copy), "--dtype", "float32", "--limit", "2", "--max-new-tokens", "4"]
+    args.append("--json")
+    r = runner.invoke(app, ["calibrate", str(data), *args])
+    record = cli_json(r)
+    assert [c["label"] for c in record["candidates"]] == [c.label for c in CANDIDATES]
+    best = max(c["accuracy"] for c in record["candidates"])
+    assert record["accuracy"] == best
+    first_best = next(c for c in record["candidates"] if c["accuracy"] == best)
+    assert record["label"] == first_best["label"]  # a tie goes to the cheaper candidate
+    assert record["n"] == 2 and record["data"]["sha256"]
+    written = json.loads((model_copy / CALIBRATION_FILE).read_text())
+    assert written["mode"] == record["mode"] and written["settings"] == record["settings"]
+
+    lm = load_model(str(model_copy), dtype="float32")
+    engine = Engine(lm, KVStore(tmp_path / "s", dtype="float32"))
+    assert engine.resolve_mode("auto") == record["mode"]
+    for name, value in record["settings"].items():
+        assert getattr(engine, name) == value
+    assert "turborag calibrate" in engine.auto_notice()
+
+
+def test_auto_uses_the_recorded_settings_and_says_when_below_full(gemma_lm, tmp_path):
+    gemma_lm.calibration = {
+        "mode": "turbo-ape",
+        "settings": {"ape_temperature": 0.7, "ape_scale": 0.8},
+        "accuracy": 0.40,
+        "full_accuracy": 0.50,
+        "n": 60,
+    }
+    engine = Engine(gemma_lm, KVStore(tmp_path, dtype="float32"))
+    assert engine.resolve_mode("auto") == "turbo-ape"
+    assert (engine.ape_temperature, engine.ape_scale) == (0.7, 0.8)
+    assert "10% below full" in engine.auto_notice()
+    explicit = Engine(gemma_lm, KVStore(tmp_path, dtype="float32"), ape_temperature=1.0)
+    assert explicit.ape_temperature == 1.0  # an explicit setting wins over the record
+
+
+def test_rgb_is_refused(env, model_copy, tmp_path):
+    data = _qa_file(tmp_path / "rgb.jsonl", rgb=True)
+    r = runner.invoke(app, ["calibrate", str(data), "--model", str(model_copy)])
+    assert r.exit_code == 2 and "RGB" in r.output
+    assert not (model_copy / CALIBRATION_FILE).exists()
+
+
+def test_dry_run_writes_nothing(env, model_copy, tmp_path):
+    data = _qa_file(tmp_path / "qa.jsonl")
+    r = runner.invoke(
+        app,
+        ["calibrate", str(data), "--model", str(model_copy), "--dtype", "float32", "--limit", "1"]
+        + ["--max-new-tokens", "4", "--dry-run"],
+    )
+    assert r.exit_code == 0, r.output
+    assert "chosen:" in r.output
+    assert not (model_copy / CALIBRATION_FILE).exists()
+
+
+def test_candidates_restore_the_engine_settings(gemma_lm, tmp_path):
+    engine = Engine(gemma_lm, KVStore(tmp_path, dtype="float32"))
+    data = _qa_file(tmp_path / "qa.jsonl")
+    examples, _ = load_examples(data, 1)
+    before = engine.ape_temperature
+    calibrate(engine, examples, [Candidate("turbo-ape", {"ape_temperature": 0.5})], 4, progress=False)
+    assert engine.ape_temperature == before
+    with pytest.raises(ValueError, match="unknown setting"):
+        calibrate(engine, examples, [Candidate("turbo", {"temperature": 2})], 4, progress=False)
+
+
+def test_a_damaged_record_is_a_clear_error(model_copy):
+    (model_copy / CALIBRATION_FILE).write_text("{not json")
+    with pytest.raises(ModelError, match="turborag calibrate"):
+        load_model(str(model_copy), dtype="float32")

@@ -1,0 +1,86 @@
+"""`turborag calibrate`: the training-free mode for a model, chosen on the user's own questions.
+
+The measuring and the record are eval/calibrate.py's; this is the command line around them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from turborag.cli.common import DeviceOpt, DtypeOpt, JsonOpt, ModelOpt, TemplateOpt, fail, stdout
+from turborag.cli.loading import engine_for
+
+
+def calibrate(
+    data: Path = typer.Argument(
+        ...,
+        help="JSONL of your own validation questions, as `turborag eval` reads them ({question, answers, "
+        "contexts} per line); not an evaluation benchmark such as RGB",
+    ),
+    model: str = ModelOpt,
+    limit: int = typer.Option(100, min=1, help="the first N usable questions"),
+    device: str = DeviceOpt,
+    template: str = TemplateOpt,
+    dtype: str = DtypeOpt,
+    store: Path = typer.Option(None, help="cache store (default: $TURBORAG_HOME/eval-store)"),
+    max_new_tokens: int = typer.Option(32, min=1),
+    write: bool = typer.Option(
+        True, "--write/--dry-run", help="record the choice next to the model (--dry-run only prints it)"
+    ),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Answer your questions in full and in every training-free mode; record the best for `--mode auto`."""
+    from turborag.eval.calibrate import calibrate as run
+    from turborag.eval.calibrate import check_not_a_benchmark, file_sha256, write_record
+    from turborag.eval.evaluate import load_examples
+
+    if not data.is_file():
+        fail(f"no such file: {data}")
+    try:
+        check_not_a_benchmark(data)
+    except ValueError as e:
+        fail(str(e))
+    examples, problems = load_examples(data, limit)
+    for p in problems:
+        typer.echo(f"warning: skipped {data}:{p}", err=True)
+    if not examples:
+        fail(f"{data}: no usable question ({len(problems)} bad lines)")
+    engine = engine_for(model, device, store, template, dtype)
+    if engine.lm.cache_aware:
+        note = f"note: {model} is a cache-aware fine-tune, so `auto` answers in turbo whatever is recorded"
+        typer.echo(note, err=True)
+    say = (lambda _: None) if as_json else (lambda line: typer.echo(line, err=True))
+    record = run(engine, examples, max_new_tokens=max_new_tokens, progress=not as_json, say=say)
+    record["data"] = {"path": str(data), "sha256": file_sha256(data)}
+    if write:
+        if engine.lm.folder is None:
+            fail(f"{model}: no folder to record the calibration in")
+        try:
+            record["written"] = str(write_record(engine.lm.folder, record))
+        except OSError as e:
+            fail(f"cannot write the calibration next to {model}: {e}")
+    if as_json:
+        typer.echo(json.dumps(record))
+        return
+    _print(record)
+
+
+def _print(record: dict) -> None:
+    table = Table(title=f"{record['model']}: {record['n']} questions")
+    for col in ("mode", "accuracy", "TTFT p50 (s)"):
+        table.add_column(col, justify="left" if col == "mode" else "right")
+    table.add_row("full", f"{record['full_accuracy']:.1%}", f"{record['full_ttft_s_p50']:.3f}")
+    for c in record["candidates"]:
+        mark = " (chosen)" if c["label"] == record["label"] else ""
+        table.add_row(c["label"] + mark, f"{c['accuracy']:.1%}", f"{c['ttft_s_p50']:.3f}")
+    out = stdout()
+    out.print(table)
+    gap = record["full_accuracy"] - record["accuracy"]
+    verdict = "within 3 points of full" if record["within_3_points"] else f"{gap:.1%} below full"
+    out.print(f"chosen: {record['label']}, {verdict}")
+    if "written" in record:
+        where = record["written"]
+        out.print(f"recorded in {where}: `--mode auto` now answers in {record['mode']} on this model")

@@ -1,0 +1,133 @@
+"""`turborag calibrate`: choose the training-free mode, and its settings, for a model nobody tuned.
+
+On a model without a cache-aware fine-tune, plain turbo loses accuracy, and which training-free repair wins
+it back best (epic's or blend's recompute, APE's temperature and scale, or a mix) depends on the model and
+on the user's text: measured, not assumed. Calibration answers the user's own validation questions in
+`full` and in every candidate, picks the candidate with the best accuracy (a tie goes to the cheaper one,
+the earlier in CANDIDATES), and records the choice next to the model (turborag_calibration.json, beside the
+weights or the adapter, as a fine-tune records its threshold). `--mode auto` then answers in that mode with
+those settings (core/engine.py), and says so when it stays more than 3 points below `full`.
+
+The data must not be an evaluation benchmark: a file whose records carry RGB's ids is refused, since a
+mode chosen on RGB would make RGB's numbers measure the choice, not the model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from turborag.core.engine import TRAINING_FREE_DEFAULTS, Engine
+from turborag.core.model import CALIBRATION_FILE
+from turborag.eval.evaluate import Example, ModeResult, run_eval
+
+WITHIN = 0.03  # `auto` says so when its mode stays more than this below full
+
+
+@dataclass(frozen=True)
+class Candidate:
+    mode: str
+    settings: dict = field(default_factory=dict)  # Engine keywords (TRAINING_FREE_DEFAULTS' names)
+
+    @property
+    def label(self) -> str:
+        extra = ",".join(f"{k.split('_')[-1]}={v}" for k, v in self.settings.items())
+        return f"{self.mode}({extra})" if extra else self.mode
+
+
+# Cheapest first (a tie in accuracy goes to the earlier): turbo and APE cost the same, epic recomputes
+# 16 tokens a chunk, blend 15% of the passages plus a two-layer prefill to choose them.
+CANDIDATES = (
+    Candidate("turbo"),
+    Candidate("turbo-ape", {"ape_temperature": 0.9, "ape_scale": 0.9}),
+    Candidate("turbo-ape", {"ape_temperature": 0.7, "ape_scale": 0.9}),
+    Candidate("turbo-ape", {"ape_temperature": 0.9, "ape_scale": 0.7}),
+    Candidate("turbo-epic"),
+    Candidate("turbo-ape-epic", {"ape_temperature": 0.9, "ape_scale": 0.9}),
+    Candidate("turbo-blend"),
+)
+
+
+def check_not_a_benchmark(path: Path) -> None:
+    """Refuse RGB's files (their records carry `rgb_id`): it measures, it never chooses."""
+    with path.open(encoding="utf-8") as f:
+        if any('"rgb_id"' in line for line in f):
+            raise ValueError(
+                f"{path} is RGB, an evaluation benchmark: calibrating on it would make its numbers "
+                "measure the choice. Calibrate on your own questions (or `turborag data synth`), then "
+                "evaluate on RGB"
+            )
+
+
+def calibrate(
+    engine: Engine,
+    examples: Sequence[Example],
+    candidates: Sequence[Candidate] = CANDIDATES,
+    max_new_tokens: int = 32,
+    progress: bool = True,
+    say: Callable[[str], None] = lambda _: None,
+) -> dict:
+    """Answer `examples` in full and in every candidate; the record of the best candidate (see module)."""
+    say(f"full: {len(examples)} questions")
+    full = run_eval(engine, examples, ["full"], max_new_tokens, progress=progress)["full"]
+    measured: list[tuple[Candidate, ModeResult]] = []
+    for c in candidates:
+        say(f"{c.label}: {len(examples)} questions")
+        with _settings(engine, c.settings):
+            got = run_eval(engine, examples, [c.mode], max_new_tokens, progress=progress)
+        measured.append((c, got[c.mode]))
+    best, result = max(measured, key=lambda cr: cr[1].accuracy)  # max keeps the first of equals
+    turbo = next((r for c, r in measured if c.mode == "turbo" and not c.settings), None)
+    return {
+        "mode": best.mode,
+        "settings": best.settings,
+        "label": best.label,
+        "accuracy": result.accuracy,
+        "full_accuracy": full.accuracy,
+        "within_3_points": full.accuracy - result.accuracy <= WITHIN,
+        "ttft_s_p50": result.ttft_s_p50,
+        "full_ttft_s_p50": full.ttft_s_p50,
+        "turbo_ttft_s_p50": turbo.ttft_s_p50 if turbo else None,
+        "n": len(examples),
+        "model": engine.lm.name,
+        "dtype": str(engine.lm.dtype).removeprefix("torch."),
+        "date": datetime.date.today().isoformat(),
+        "candidates": [
+            {"label": c.label, "accuracy": r.accuracy, "ttft_s_p50": r.ttft_s_p50} for c, r in measured
+        ],
+    }
+
+
+@contextlib.contextmanager
+def _settings(engine: Engine, settings: dict):
+    """Set some of the engine's training-free settings for one candidate, then put them back."""
+    unknown = sorted(set(settings) - set(TRAINING_FREE_DEFAULTS))
+    if unknown:
+        raise ValueError(f"unknown setting {unknown[0]!r}: use {', '.join(TRAINING_FREE_DEFAULTS)}")
+    saved = {k: getattr(engine, k) for k in settings}
+    try:
+        for k, v in settings.items():
+            setattr(engine, k, v)
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(engine, k, v)
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def write_record(folder: Path, record: dict) -> Path:
+    """Write turborag_calibration.json into `folder` (atomically: a crash leaves the old one or none)."""
+    path = folder / CALIBRATION_FILE
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return path
