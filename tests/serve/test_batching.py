@@ -147,3 +147,64 @@ def test_job_whose_loop_closed_is_cancelled_not_fatal():
     loop.close()
     job._put("a token")
     assert job.cancelled.is_set()
+
+
+def _chunked_run(
+    prefills: list[int], budget: int, cancel: int | None = None, decodes: int = 3
+) -> tuple[list, list, list]:
+    """Generations whose `begin` returns prefill steps (as Engine.begin_steps): job i takes prefills[i]
+    forwards of 100 tokens, then decodes `decodes` tokens (the first job 3). Returns each job's items, the
+    log of events (prefill forwards and decode steps, in order) and how many forwards each job ran."""
+    events, forwards = [], [0] * len(prefills)
+    gate = threading.Event()
+
+    def step(rows):
+        events.append(("decode", len(rows)))
+
+    async def main():
+        worker = ModelWorker(max_queue=64, step=step, max_batch=8, prefill_budget=budget)
+
+        def begin_of(i):
+            def steps():
+                gate.wait(10)
+                for _ in range(prefills[i]):
+                    forwards[i] += 1
+                    events.append(("prefill", i))
+                    yield 100
+                return FakeSeq(3 if i == 0 else decodes, 100 * prefills[i], [])
+
+            return steps
+
+        jobs = [worker.submit(Generation(begin_of(i))) for i in range(len(prefills))]
+        if cancel is not None:
+            jobs[cancel].cancel()
+        gate.set()
+        out = []
+        for job in jobs:
+            out.append([item async for item in job.items()])
+        return out
+
+    return asyncio.run(main()), events, forwards
+
+
+def test_a_long_prefill_is_chunked_between_decode_steps():
+    """A 10-forward prefill submitted first, a 1-forward one after it, 200 tokens of budget: the short one
+    is prefilled after one forward of the long one and decodes from then on, the long one's forwards
+    alternate with decode steps, two at most (the budget) between two steps."""
+    items, events, forwards = _chunked_run([10, 1], budget=200, decodes=30)
+    assert items[0] == ["t1", "t2", "t3", "done"] and len(items[1]) == 31
+    assert forwards == [10, 1]
+    assert events[:2] == [("prefill", 0), ("prefill", 1)]
+    first_decode = next(i for i, e in enumerate(events) if e[0] == "decode")
+    assert events[:first_decode].count(("prefill", 0)) <= 3  # then the short one decodes
+    run = 0
+    for kind, _ in events[first_decode:]:  # forwards between two steps (the short one runs): the budget
+        run = run + 1 if kind == "prefill" else 0
+        assert run <= 2
+
+
+def test_a_cancelled_request_is_dropped_between_its_prefill_forwards():
+    _, _, forwards = _chunked_run([50, 1], budget=100, cancel=0)
+    assert forwards[0] == 0  # cancelled before its first forward: none run
+    items, _, forwards = _chunked_run([3], budget=100)
+    assert forwards == [3] and items[0][-1] == "done"

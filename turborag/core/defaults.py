@@ -37,3 +37,6 @@ def turborag_home() -> Path:
 DEFAULT_MAX_BATCH = 8
 # Prompt tokens the server prefills between two decode steps (how long new requests may stall running ones).
 DEFAULT_PREFILL_BUDGET = 2048
+# Tokens one prefill forward takes at most: a longer prompt is prefilled in several forwards, between which a
+# server decodes its running requests and drops cancelled ones (Engine.begin_steps).
+DEFAULT_PREFILL_CHUNK = 512

@@ -22,13 +22,13 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from turborag.core import ape, grounding, hf_compat, kv, recompute
-from turborag.core.defaults import MODES, UNTUNED_MODE
+from turborag.core.defaults import DEFAULT_PREFILL_CHUNK, MODES, UNTUNED_MODE
 from turborag.core.generate import DecodeState, SamplingParams, eos_ids
 from turborag.core.model import LoadedModel, layer_inv_freq, layer_windows
 from turborag.core.prefix_cache import PrefixCache
@@ -92,6 +92,15 @@ def check_mode(mode: str) -> str:
     return mode
 
 
+def drain(steps: Generator):
+    """Run a step generator (begin_steps, _feed_steps) to its end; its return value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
 def reply_logprob(logits: torch.Tensor, reply: list[int]) -> float:
     """log p(reply | prompt) from `logits` (len(reply), vocab): those of the prompt's last token, then of
     each reply token but the last, fed after it (teacher forcing).
@@ -123,7 +132,11 @@ class Engine:
         ram_cache_bytes: int = 0,
         ape_temperature: float | None = None,
         ape_scale: float | None = None,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     ):
+        if prefill_chunk < 1:
+            raise ValueError("prefill_chunk must be at least 1")
+        self.prefill_chunk = prefill_chunk  # tokens a prefill forward takes at most (begin_steps)
         # The training-free modes' settings: as given, else as `turborag calibrate` chose for this model,
         # else the defaults (recompute.py's, and the APE paper's).
         chosen = (lm.calibration or {}).get("settings", {})
@@ -297,6 +310,18 @@ class Engine:
     ) -> DecodeState:
         """Everything up to the first token: the prompt built, the context prefilled (full) or assembled from
         chunk caches with only the question prefilled (turbo modes). Returns the sequence to decode."""
+        return drain(self.begin_steps(question, passages, mode, params))
+
+    def begin_steps(
+        self,
+        question: str,
+        passages: Sequence[str],
+        mode: str = "auto",
+        params: SamplingParams | None = None,
+    ) -> Generator[int, None, DecodeState]:
+        """`begin` one forward at a time: yields the tokens of each prefill forward (at most `prefill_chunk`
+        a forward) and returns the sequence, so that a server can decode other requests, or drop a
+        cancelled one, between the forwards of a long prefill (chunked prefill)."""
         mode = self.resolve_mode(mode)
         params = params or self.qa_params()
         t0 = time.perf_counter()
@@ -308,9 +333,9 @@ class Engine:
         # same forward, its probability read off, and cut back out of the cache (reply_logprob).
         attention = None
         if mode == "full":
-            cache, logits, next_pos, cached, computed = self._prefill_full(prompt, reserve, extra)
+            cache, logits, next_pos, cached, computed = yield from self._prefill_full(prompt, reserve, extra)
         else:
-            cache, logits, next_pos, cached, computed, attention = self._prefill_turbo(
+            cache, logits, next_pos, cached, computed, attention = yield from self._prefill_turbo(
                 prompt, mode, reserve + len(prompt.suffix), extra
             )
         forced, logp = None, None
@@ -348,6 +373,12 @@ class Engine:
 
     def begin_prompt(self, prompt_ids: list[int], params: SamplingParams | None = None) -> DecodeState:
         """`begin` for a plain prompt: only the part after its longest cached prefix is prefilled."""
+        return drain(self.begin_prompt_steps(prompt_ids, params))
+
+    def begin_prompt_steps(
+        self, prompt_ids: list[int], params: SamplingParams | None = None
+    ) -> Generator[int, None, DecodeState]:
+        """`begin_prompt` one prefill forward at a time, as `begin_steps`."""
         params = params or SamplingParams()
         t0 = time.perf_counter()
         if not prompt_ids:
@@ -360,18 +391,10 @@ class Engine:
             cache, _ = kv.assemble_into(hit, [], self.inv_freq, "reordered", dev, dtype, reserve)
         else:
             cache = hf_compat.buffered_cache(self.lm.config.num_hidden_layers, reserve=reserve)
-        rest = torch.tensor([prompt_ids[n:]], device=dev)  # (1, T - n)
-        with torch.inference_mode():
-            logits = hf_compat.forward(
-                self.lm.model,
-                rest,
-                torch.arange(n, len(prompt_ids), device=dev)[None],
-                cache,
-                logits_to_keep=1,
-            )
-            self.prefix_cache.insert(prompt_ids, hf_compat.cache_layers(cache))
+        logits = yield from self._feed_steps(cache, prompt_ids[n:], n, 1)  # (1, vocab)
+        self.prefix_cache.insert(prompt_ids, hf_compat.cache_layers(cache))
         n_ids = len(prompt_ids)
-        return self._sequence(cache, logits[0, -1], n_ids, params, t0, "prompt", n_ids, n, 0)
+        return self._sequence(cache, logits[-1], n_ids, params, t0, "prompt", n_ids, n, 0)
 
     def run(self, seq: DecodeState) -> Iterator[str | Answer]:
         """Decode one sequence alone: yield text deltas, then the Answer (TTFT = first token known)."""
@@ -455,7 +478,7 @@ class Engine:
         """Standard RAG: everything from scratch, positions 0..len-1, then `extra` tokens. Returns the logits
         of the prompt's last token and of each extra token (1 + len(extra), vocab)."""
         cache = hf_compat.buffered_cache(self.lm.config.num_hidden_layers, reserve=reserve + len(extra))
-        logits = self._feed(cache, prompt.ids + extra, 0, 1 + len(extra))
+        logits = yield from self._feed_steps(cache, prompt.ids + extra, 0, 1 + len(extra))
         return cache, logits, len(prompt.ids), 0, 0
 
     def _prefill_turbo(self, prompt: Prompt, mode: str, reserve: int, extra: list[int]):
@@ -463,7 +486,8 @@ class Engine:
         the ApeContext the sequence decodes with too (None but in the APE modes)."""
         cache, next_pos, cached, computed = self.assemble(prompt, mode, reserve + len(extra))
         attention = self.ape_context(cache, prompt) if mode.startswith("turbo-ape") else None
-        logits = self._feed(cache, prompt.suffix + extra, next_pos, 1 + len(extra), attention)
+        ids = prompt.suffix + extra
+        logits = yield from self._feed_steps(cache, ids, next_pos, 1 + len(extra), attention)
         return cache, logits, next_pos + len(prompt.suffix), cached, computed, attention
 
     def ape_context(self, cache, prompt: Prompt) -> ape.ApeContext:
@@ -527,11 +551,37 @@ class Engine:
         """Run the question on top of an assembled context; returns the last position's logits (vocab,)."""
         return self._feed(cache, prompt.suffix, next_pos, 1)[0]
 
-    @torch.inference_mode()
     def _feed(
         self, cache, ids: list[int], start: int, keep: int, attention: ape.ApeContext | None = None
     ) -> torch.Tensor:
         """Feed `ids` at positions start.. on top of `cache`; the logits of the last `keep` (keep, vocab)."""
+        return drain(self._feed_steps(cache, ids, start, keep, attention))
+
+    def _feed_steps(
+        self, cache, ids: list[int], start: int, keep: int, attention: ape.ApeContext | None = None
+    ) -> Generator[int, None, torch.Tensor]:
+        """`_feed` in forwards of at most `prefill_chunk` tokens (but the last holds the `keep` tokens whose
+        logits are wanted, whatever their number), yielding each forward's token count. Each forward sees
+        the cache the ones before it wrote, so the result is one forward's, to float rounding (tested)."""
+        chunk, cut = self.prefill_chunk, max(0, len(ids) - keep)
+        pieces = [ids[i : min(i + chunk, cut)] for i in range(0, cut, chunk)]
+        tail = ids[cut:]
+        if pieces and len(pieces[-1]) + len(tail) <= chunk:
+            pieces[-1] = pieces[-1] + tail
+        else:
+            pieces.append(tail)
+        for n, piece in enumerate(pieces):
+            last = n == len(pieces) - 1
+            logits = self._forward(cache, piece, start, keep if last else 1, attention)
+            start += len(piece)
+            yield len(piece)
+        return logits
+
+    @torch.inference_mode()
+    def _forward(
+        self, cache, ids: list[int], start: int, keep: int, attention: ape.ApeContext | None
+    ) -> torch.Tensor:
+        """One forward of `ids` at positions start.. on top of `cache`; the last `keep` logits (keep, V)."""
         x = torch.tensor([ids], device=self.lm.device)  # (1, T)
         pos = torch.arange(start, start + len(ids), device=self.lm.device)[None]  # (1, T)
         with self._attention(attention) as kwargs:

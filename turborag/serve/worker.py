@@ -8,13 +8,18 @@ A generation job brings `begin`: everything up to the first token (retrieval, ca
 prefill, the question's prefill), returning the sequence to decode. The worker loop, one iteration at a
 time (Orca's iteration-level scheduling):
 
-1. admit: take queued jobs while fewer than `max_batch` sequences run; each is begun exactly as a request
-   alone would be (so its TTFT and its first token are unchanged) and picks its first token at once.
-   Admission stops for this iteration once the tokens prefilled in it reach `prefill_budget`, so a burst
-   of long prompts cannot stall the running decodes for more than about one budget's worth of prefill
-   (plus one request: a prompt longer than the budget is prefilled whole, alone in its iteration);
-2. decode: one batched forward feeds every running sequence its next token (`step`);
-3. retire: finished sequences hand out their Answer; cancelled ones (client gone) are dropped.
+1. admit: take queued jobs while fewer than `max_batch` sequences run or prefill;
+2. prefill (chunked): a generation whose `begin` returns a step generator (Engine.begin_steps) is
+   prefilled one forward of at most the engine's `prefill_chunk` tokens at a time, first come first
+   served, until the iteration has prefilled `prefill_budget` tokens; a sequence whose prefill is done
+   picks its first token at once and joins the running ones. So a long prompt (a `full` request, a long
+   question) never stalls the running decodes for more than about one budget of prefill, and a request
+   cancelled during its prefill is dropped between two forwards. (A `begin` that returns the sequence
+   directly prefills whole when admitted, and admission then stops once the iteration's prefilled tokens
+   reach the budget.) Each sequence is prefilled exactly as alone (tested to 1e-4), so its first token is
+   unchanged;
+3. decode: one batched forward feeds every running sequence its next token (`step`);
+4. retire: finished sequences hand out their Answer; cancelled ones (client gone) are dropped.
 
 A plain job (`run`: an iterator, e.g. a document upload) runs alone, to completion, when admitted; the
 running decodes wait for it.
@@ -30,7 +35,7 @@ import asyncio
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 
 from turborag.core.defaults import DEFAULT_PREFILL_BUDGET
@@ -54,7 +59,9 @@ class ShuttingDown(Exception):
 class Job:
     run: Callable[[], Iterator] | None  # a plain job: run alone, its items handed out as they come
     loop: asyncio.AbstractEventLoop
-    begin: Callable[[], DecodeState] | None = None  # a generation: prefill, then decoded in the batch
+    # a generation: prefill (returns the sequence, or a generator of prefill steps that returns it), then
+    # decoded in the batch
+    begin: Callable[[], DecodeState | Generator] | None = None
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -82,9 +89,14 @@ class Job:
 
 @dataclass
 class Generation:
-    """What a generation request submits: `begin` prefills and returns the sequence to decode."""
+    """What a generation request submits: `begin` prefills and returns the sequence to decode, or returns
+    a generator that prefills one forward a step and returns the sequence (Engine.begin_steps)."""
 
-    begin: Callable[[], DecodeState]
+    begin: Callable[[], DecodeState | Generator]
+
+
+Running = tuple[Job, DecodeState]  # a sequence being decoded
+Prefilling = tuple[Job, Generator]  # a sequence being prefilled, one forward a step
 
 
 def step_alone(rows: list[DecodeState], step_one: Callable[[DecodeState], None]) -> None:
@@ -152,14 +164,19 @@ class ModelWorker:
     # -- the loop ----------------------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        running: list[tuple[Job, DecodeState]] = []
+        running: list[Running] = []
+        prefilling: list[Prefilling] = []  # admitted, prefill under way (chunked), in order
         while True:
             if self.stopping:
-                self._end_all(running)
-            self._admit(running)
+                self._end_all(running, prefilling)
+            self._admit(running, prefilling)
             running[:] = [(job, seq) for job, seq in running if not self._dropped(job)]
-            self.running = len(running)
+            prefilling[:] = [(job, steps) for job, steps in prefilling if not self._dropped(job, steps)]
+            self._prefill(running, prefilling)
+            self.running = len(running) + len(prefilling)
             if not running:
+                if prefilling:
+                    continue
                 if self.on_idle is not None:
                     self.on_idle()
                 continue
@@ -176,12 +193,14 @@ class ModelWorker:
             running[:] = [(job, seq) for job, seq in running if not self._hand_out(job, seq)]
             self.running = len(running)
 
-    def _admit(self, running: list[tuple[Job, DecodeState]]) -> None:
-        """Begin queued jobs while there is room (waiting for one only when nothing runs)."""
+    def _admit(self, running: list[Running], prefilling: list[Prefilling]) -> None:
+        """Take queued jobs while there is room (waiting for one only when nothing runs): a plain job runs
+        alone at once, a generation joins `prefilling` (or, if its `begin` prefills in one call and returns
+        the sequence, `running`)."""
         prefilled = 0
-        while len(running) < self.max_batch and prefilled < self.prefill_budget:
+        while len(running) + len(prefilling) < self.max_batch and prefilled < self.prefill_budget:
             try:
-                job = self.jobs.get(block=not running)
+                job = self.jobs.get(block=not (running or prefilling))
             except queue.Empty:
                 return
             if job.cancelled.is_set():
@@ -196,17 +215,45 @@ class ModelWorker:
                 self._run_alone(job)
                 continue
             try:
-                seq = job.begin()
+                begun = job.begin()
             except BaseException as e:  # handed to the request, which turns it into an HTTP error
                 self._finish(job, e)
                 continue
-            prefilled += max(1, seq.prompt_tokens - seq.cached_tokens)
-            if not self._hand_out(job, seq):
-                running.append((job, seq))
+            if isinstance(begun, Generator):  # prefill steps (Engine.begin_steps)
+                prefilling.append((job, begun))
+                continue
+            prefilled += max(1, begun.prompt_tokens - begun.cached_tokens)
+            if not self._hand_out(job, begun):
+                running.append((job, begun))
                 self.running = len(running)
 
-    def _end_all(self, running: list[tuple[Job, DecodeState]]) -> None:
-        """Shutdown: every running and queued job ends with ShuttingDown."""
+    def _prefill(self, running: list[Running], prefilling: list[Prefilling]) -> None:
+        """Advance the prefills one forward at a time, taking turns in arrival order (the one that just ran
+        goes to the back), until this iteration has prefilled `prefill_budget` tokens (it may end one
+        forward past it); a finished prefill's sequence hands out its first token and joins `running`.
+
+        So a long prompt costs the running requests about one budget of prefill per decode step instead of
+        its whole prefill at once, a short request that arrives behind it waits for one of its forwards,
+        not all of them, and a cancelled or stopping request is dropped between two of its forwards."""
+        spent = 0
+        while prefilling and spent < self.prefill_budget:
+            job, steps = prefilling.pop(0)
+            try:
+                spent += next(steps)
+            except StopIteration as done:
+                if not self._hand_out(job, done.value):
+                    running.append((job, done.value))
+            except BaseException as e:  # handed to the request, which turns it into an HTTP error
+                self._finish(job, e)
+            else:
+                prefilling.append((job, steps))
+
+    def _end_all(self, running: list[Running], prefilling: list[Prefilling]) -> None:
+        """Shutdown: every running, prefilling and queued job ends with ShuttingDown."""
+        for job, steps in prefilling:
+            steps.close()
+            self._finish(job, ShuttingDown())
+        prefilling.clear()
         for job, _ in running:
             self._finish(job, ShuttingDown())
         running.clear()
@@ -225,8 +272,11 @@ class ModelWorker:
             self._finish(job)
         return seq.finished
 
-    def _dropped(self, job: Job) -> bool:
+    def _dropped(self, job: Job, steps: Generator | None = None) -> bool:
+        """A cancelled job ends here (its prefill, if one is under way, is abandoned)."""
         if job.cancelled.is_set():
+            if steps is not None:
+                steps.close()
             self.cancelled += 1
             self._finish(job)
             return True
