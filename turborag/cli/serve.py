@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import sys
 from pathlib import Path
@@ -23,6 +24,8 @@ from turborag.cli.loading import default_store, engine_for, load_engine, open_ca
 from turborag.cli.remote import local_url, remove_server_file, write_server_file
 from turborag.core.defaults import DEFAULT_MAX_BATCH, DEFAULT_MODEL, DEFAULT_PREFILL_BUDGET
 
+log = logging.getLogger("turborag.serve")
+
 
 def serve(
     store: Path = typer.Option(
@@ -36,6 +39,12 @@ def serve(
     ),
     host: str = typer.Option("127.0.0.1", help="bind address (localhost unless told otherwise)"),
     port: int = typer.Option(8000, min=1, max=65535),
+    allowed_host: list[str] = typer.Option(
+        None,
+        "--allowed-host",
+        help="also answer requests for this Host name (NAME or NAME:PORT; repeatable; '*': any, behind a "
+        "proxy that checks it); other Hosts than the bind address get 421 (DNS rebinding)",
+    ),
     api_key: str = typer.Option(
         None, envvar="TURBORAG_API_KEY", help="require 'Authorization: Bearer KEY' (a key allowed everything)"
     ),
@@ -86,7 +95,14 @@ def serve(
     from turborag.serve import create_app
     from turborag.serve.access import Access, KeysError
     from turborag.serve.app import run_app
+    from turborag.serve.origin import HostPolicy
 
+    try:
+        hosts = HostPolicy.for_bind(host, port, allowed_host or [])
+    except ValueError as e:
+        fail(f"--allowed-host: {e}")
+    if warning := hosts.warning():
+        log.warning(warning)
     try:
         access = Access.from_file(keys.expanduser() if keys else None)
     except KeysError as e:
@@ -104,6 +120,7 @@ def serve(
         prefill_budget=prefill_budget,
         access=access,
         metrics_key=metrics_key,
+        hosts=hosts,
     )
     where = f"store {backend.documents.root}" if backend.documents else "no store (no retrieval)"
     console.print(f"serving {backend.model_name} on http://{host}:{port}/v1 with {where}")

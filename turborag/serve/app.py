@@ -15,13 +15,17 @@ assemble caches, prefill the question, decode) -> tokens back to the handler -> 
 - Keys (access.py): each may read some collections and write some; outside its scope a request gets 403.
 - `GET /health`, `GET /metrics` (Prometheus text format).
 - `GET /`: a web page (page_routes.py, static/) to upload documents, ask and compare full with turbo.
+- Browsers (origin.py): a Host the server does not answer to gets 421 (DNS rebinding), a state-changing
+  request from another origin 403 (CSRF), a JSON body not declared `application/json` 415; every response
+  carries nosniff, `X-Frame-Options: DENY`, `Referrer-Policy: no-referrer` and the page's CSP.
 
 Errors use OpenAI's body `{"error": {"message", "type", "param", "code"}}` and never carry a stack trace,
 routing's own included: a wrong path is a 404 listing the endpoints, a wrong method a 405 with `Allow`.
 
 Where things are: request bodies and limits in schemas.py; errors, body parsing and the guard middleware
-(size, API key) in errors.py; the state shared by the routes in state.py; response and SSE shaping in
-responses.py; the routes in openai_routes.py, monitoring_routes.py and documents_routes.py.
+(size, API key) in errors.py; Host, Origin and security headers in origin.py; the state shared by the
+routes in state.py; response and SSE shaping in responses.py; the routes in openai_routes.py,
+monitoring_routes.py and documents_routes.py.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from turborag.serve import (
 )
 from turborag.serve.access import Access
 from turborag.serve.errors import APIError, api_error_handler, guard, http_error_handler
+from turborag.serve.origin import HostPolicy, OriginChecks, SecurityHeaders
 from turborag.serve.schemas import MAX_BODY_BYTES
 from turborag.serve.state import Backend, ServerState
 
@@ -55,11 +60,14 @@ def create_app(
     prefill_budget: int = DEFAULT_PREFILL_BUDGET,
     access: Access | None = None,
     metrics_key: str | None = None,
+    hosts: HostPolicy | None = None,
 ) -> FastAPI:
     """An app serving `backend`; it starts its own model worker thread, which decodes up to `max_batch`
     requests together and prefills at most about `prefill_budget` tokens between two decode steps.
     `access` holds the scoped keys (`--keys`), `api_key` one more key allowed everything; with neither the
-    API is open. `metrics_key` guards `/metrics`."""
+    API is open. `metrics_key` guards `/metrics`. `hosts` are the Host headers answered (`turborag serve`
+    passes its bind address and `--allowed-host` values); None answers any Host, for an app embedded or
+    tested on its own. Cross-origin checks and security headers apply either way."""
     app = FastAPI(title="turborag", docs_url=None, redoc_url=None)
     state = ServerState(
         backend, api_key, max_queue, max_body_bytes, max_batch, prefill_budget, access, metrics_key
@@ -67,7 +75,11 @@ def create_app(
     app.state.server = state
     # the same objects under their own names, for tests and benchmarks that watch (or patch) the worker
     app.state.worker, app.state.metrics, app.state.backend = state.worker, state.metrics, backend
+    # Middleware added last runs first: the security headers wrap everything, the guard's own errors
+    # included; the Host and Origin checks run inside the guard, so their refusals are counted in /metrics.
+    app.add_middleware(OriginChecks, hosts=hosts)
     app.middleware("http")(guard)
+    app.add_middleware(SecurityHeaders)
     app.add_exception_handler(APIError, api_error_handler)
     app.add_exception_handler(HTTPException, http_error_handler)  # routing's 404 and 405 included
     for routes in (

@@ -3,6 +3,7 @@
 OpenAI clients read `{"error": {"message", "type", "param", "code"}}`; FastAPI's own validation errors
 (`{"detail": [...]}`) would reach them as unreadable failures. So bodies are parsed here, not by FastAPI,
 and the guard middleware turns anything that escapes a route into that shape, never into a stack trace.
+A JSON body must be declared `Content-Type: application/json` (415 otherwise; origin.py says why).
 The errors that routing itself raises (a wrong path: 404, a wrong method: 405) are Starlette
 `HTTPException`s answered before any route runs; `http_error_handler` gives them that shape too.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 from http import HTTPStatus
 from typing import Any
 
@@ -26,6 +28,10 @@ log = logging.getLogger(__name__)
 
 UNMATCHED = "unmatched"  # the metrics label of every request to a path that no route serves
 
+# Codes whose message is for the server's log only; the client gets the fixed text instead. A shared
+# store's error names its host, port and URL, which a client has no use for and an attacker would.
+LOG_ONLY = {"store_unavailable": "the shared cache store is unavailable; retry shortly"}
+
 
 class APIError(Exception):
     """An HTTP error a route raises; becomes an OpenAI error body with `status` and `headers`."""
@@ -39,6 +45,9 @@ class APIError(Exception):
         param: str | None = None,
         headers: dict | None = None,
     ):
+        if code in LOG_ONLY:
+            log.warning("%d %s: %s", status, code, message)
+            message = LOG_ONLY[code]
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
         self.headers = headers or {}
@@ -64,12 +73,26 @@ def validation_message(e: ValidationError) -> tuple[str, str | None]:
     """(message, param) of a validation error's first problem: OpenAI's body has room for one."""
     err = e.errors()[0]
     loc = ".".join(str(x) for x in err.get("loc", ()))
-    return f"{loc}: {err.get('msg')}" if loc else str(err.get("msg")), loc or None
+    msg = str(err.get("msg")).removeprefix("Value error, ")  # pydantic's prefix for a validator's ValueError
+    return f"{loc}: {msg}" if loc else msg, loc or None
+
+
+def check_json_type(request: Request) -> None:
+    """415 unless the body is declared `application/json`. A browser sends a cross-origin body without a
+    CORS preflight only as a form or `text/plain`; requiring the JSON type keeps those out of the API."""
+    media = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if media != "application/json":
+        raise APIError(
+            415,
+            f"Content-Type must be application/json, not {media[:80] or 'missing'!r}",
+            code="unsupported_media_type",
+        )
 
 
 async def parse_body(request: Request, model: type[BaseModel], max_bytes: int) -> Any:
     """The request's JSON body validated as `model`. The size is checked again on the bytes read, since a
     chunked request has no Content-Length for the guard to check."""
+    check_json_type(request)
     raw = await request.body()
     if len(raw) > max_bytes:
         raise too_large(max_bytes)
@@ -128,12 +151,29 @@ async def api_error_handler(_request: Request, e: APIError) -> JSONResponse:
 
 
 def endpoint_label(request: Request) -> str:
-    """The label a request is counted under: its path when some route serves that path (with any method),
-    else one shared label, so that a scanner's made-up paths do not each open a Prometheus series."""
-    for route in request.app.router.routes:
-        if route.matches(request.scope)[0] is not Match.NONE:
-            return request.url.path
-    return UNMATCHED
+    """The label a request is counted under: the template of the route that serves its path, e.g.
+    `/v1/collections/{name}` (a route of another method if none of this one: a 405), else one shared label.
+    Never the raw path: it is the client's string, and counted before authentication, so made-up names
+    would each open a Prometheus series and show in `/metrics`."""
+    partial = None
+    for route in _leaf_routes(request.app.router.routes):
+        match = route.matches(request.scope)[0]
+        if match is Match.FULL:
+            return getattr(route, "path", UNMATCHED)
+        if match is Match.PARTIAL and partial is None:
+            partial = getattr(route, "path", UNMATCHED)
+    return partial or UNMATCHED
+
+
+def _leaf_routes(routes: list) -> Iterator[Any]:
+    """The routes that each serve one path template. Newer FastAPI keeps an included router as one entry
+    (its routes under `original_router`) that matches without saying which of its routes did."""
+    for route in routes:
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            yield from _leaf_routes(inner.routes)
+        else:
+            yield route
 
 
 def endpoints(request: Request) -> list[str]:

@@ -50,10 +50,10 @@ class Metrics:
             registry=r,
         )
 
-    def count_request(self, path: str, status: int) -> None:
-        """One request, labelled by path; document ids fold into one label so that the number of series
-        stays bounded however many documents are deleted."""
-        endpoint = path if not path.startswith("/v1/documents/") else "/v1/documents/{id}"
+    def count_request(self, endpoint: str, status: int) -> None:
+        """One request, labelled by `endpoint`: a route template such as `/v1/collections/{name}` or the
+        one label of unmatched paths (errors.endpoint_label), never a path a client chose, so the number of
+        series stays bounded and no made-up name shows in a scrape."""
         self.requests.labels(endpoint, str(status)).inc()
 
     def observe(self, a: Answer) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from turborag.core.generate import SamplingParams
 
@@ -20,15 +20,72 @@ COLLECTION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"  # as the catalog's col
 CollectionName = Field("default", pattern=COLLECTION_PATTERN)
 
 
+def unencodable(value: Any, where: str = "") -> str | None:
+    """Where in a parsed JSON value a string cannot be encoded as UTF-8 (a lone surrogate such as the JSON
+    string "\\ud800", which `json.loads` accepts), or None if there is no such string."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where or "body"
+        return None
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, list):
+        items = enumerate(value)
+    else:
+        return None
+    for key, item in items:
+        inner = f"{where}.{key}" if where else str(key)
+        if (found := unencodable(key, where or "body")) or (found := unencodable(item, inner)):
+            return found
+    return None
+
+
+class RequestBody(BaseModel):
+    """A whole request body. Its strings must be valid Unicode: the tokenizer and the store encode them as
+    UTF-8, and a lone surrogate found there would be a 500 instead of the client's 400."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode(cls, data: Any) -> Any:
+        if (where := unencodable(data)) is not None:
+            raise ValueError(
+                f"{where}: not valid Unicode (a lone surrogate such as \\ud800); send UTF-8 text"
+            )
+        return data
+
+
+def text_parts(content: Any) -> Any:
+    """Content as a list of parts must be text parts, `{"type": "text", "text": "..."}`; other types (images,
+    audio) are refused rather than dropped, since a text model answering without them would mislead."""
+    if not isinstance(content, list):
+        return content
+    for i, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise ValueError(f"content part {i} must be an object like {{'type': 'text', 'text': '...'}}")
+        if part.get("type") != "text":
+            raise ValueError(
+                f"content part {i} has type {str(part.get('type'))[:40]!r}; only 'text' is supported"
+            )
+        if not isinstance(part.get("text"), str):
+            raise ValueError(f"content part {i} needs 'text' as a string")
+    return content
+
+
 class Message(BaseModel):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts(cls, content: Any) -> Any:
+        return text_parts(content)
+
     def text(self) -> str:
-        """The message's text; OpenAI clients may send content as a list of typed parts, of which only the
-        text parts mean anything to a text model."""
+        """The message's text; OpenAI clients may send content as a list of text parts (checked above)."""
         if isinstance(self.content, list):  # [{"type": "text", "text": ...}, ...]
-            return "".join(p.get("text", "") for p in self.content if p.get("type") == "text")
+            return "".join(p["text"] for p in self.content)
         return self.content or ""
 
 
@@ -50,7 +107,7 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(RequestBody):
     """Fields shared by chat and completion requests."""
 
     model: str
@@ -96,11 +153,11 @@ class CompletionRequest(SamplingFields):
     prompt: str
 
 
-class DocumentRequest(BaseModel):
+class DocumentRequest(RequestBody):
     name: str = Field(min_length=1, max_length=200)
     text: str = Field(min_length=1)
     collection: str | None = Field(None, pattern=COLLECTION_PATTERN)
 
 
-class CollectionRequest(BaseModel):
+class CollectionRequest(RequestBody):
     name: str = Field(pattern=COLLECTION_PATTERN)
