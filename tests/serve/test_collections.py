@@ -90,11 +90,16 @@ def test_same_text_cached_once_and_counts_agree_with_the_catalog(served):
     h = served.http
     h.post("/v1/collections", json={"name": "copy"})
     text = "The quiblet bird nests only in copper towers, and it sings at dusk."
+    store = served.backend.engine.store
+    before = set(store.keys())
     first = h.post("/v1/documents", json={"name": "birds.txt", "text": text, "collection": "red"})
+    after_first = set(store.keys())
     second = h.post("/v1/documents", json={"name": "birds.txt", "text": text, "collection": "copy"})
     assert first.status_code == second.status_code == 201, (first.text, second.text)
     a, b = first.json(), second.json()
-    assert a["computed_chunks"] >= 1 and b["computed_chunks"] == 0  # the cache is shared, not recomputed
+    assert set(store.keys()) == after_first  # the cache is shared, not recomputed...
+    # ...but each upload counts what is new to its own collection (issue 38: no signal across collections)
+    assert a["computed_chunks"] == b["computed_chunks"] == len(after_first - before) >= 1
     assert b["tokens"] == a["tokens"] > 0 and b["chunks"] == a["chunks"]
     listed = {d["id"]: d for d in h.get("/v1/documents", params={"collection": "copy"}).json()["data"]}
     assert listed[b["id"]]["tokens"] == b["tokens"] and listed[b["id"]]["chunks"] == b["chunks"]

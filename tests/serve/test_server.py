@@ -209,9 +209,14 @@ def test_documents_added_and_removed_change_retrieval(served):
             413,
             "body_too_large",
         ),
-        (
+        (  # passages within the server's max_prompt_tokens but over the model's context window
             json.dumps(
-                {"model": "turborag", "messages": [{"role": "user", "content": "q " * 2500}], "max_tokens": 8}
+                {
+                    "model": "turborag",
+                    "messages": [{"role": "user", "content": "Why?"}],
+                    "max_tokens": 8,
+                    "turborag": {"contexts": ["q " * 2500]},
+                }
             ).encode(),
             400,
             "context_length_exceeded",

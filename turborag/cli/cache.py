@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
+import time
 from pathlib import Path
 
 import typer
@@ -207,9 +209,16 @@ def _repair(catalog, keys: list[str]) -> int:
     return sum(1 for key in texts if key in engine.store)
 
 
+# An upload folder younger than this is left alone by `cache gc`: a server writes the upload before its ingest
+# takes the store's write lock, so a fresh folder the catalog does not name yet may be an upload in flight.
+UPLOAD_GRACE_S = 3600
+
+
 @app.command("gc")
 def cache_gc(store: Path = StoreOpt, as_json: bool = JsonOpt) -> None:
-    """Delete caches no chunk uses (left by changed, removed or killed ingests) and stale temp files."""
+    """Delete caches no chunk uses (left by changed, removed or killed ingests), stale temp files, and
+    uploads of a server killed mid-ingest (folders under uploads/ that no document comes from, over an
+    hour old)."""
     from turborag.rag.ingest import free_caches
     from turborag.store.catalog import StoreError
 
@@ -229,6 +238,11 @@ def cache_gc(store: Path = StoreOpt, as_json: bool = JsonOpt) -> None:
                 freed += f.stat().st_size
                 f.unlink()
                 files += 1
+            for folder in orphan_uploads(catalog):
+                removed = [f for f in folder.rglob("*") if f.is_file()]
+                freed += sum(f.stat().st_size for f in removed)
+                files += len(removed)
+                shutil.rmtree(folder, ignore_errors=True)
             catalog.db.execute("VACUUM")
     except StoreError as e:
         fail(str(e))
@@ -236,3 +250,25 @@ def cache_gc(store: Path = StoreOpt, as_json: bool = JsonOpt) -> None:
         typer.echo(json.dumps({"files_removed": files, "bytes_freed": freed}))
     else:
         typer.echo(f"removed {plural(files, 'unused file')}, {freed / 1e6:.1f} MB freed", err=True)
+
+
+def orphan_uploads(catalog, now: float | None = None) -> list[Path]:
+    """Upload folders (`<store>/uploads/<id>/`, written by a server before it ingests them) that no document
+    of any collection comes from and that are over UPLOAD_GRACE_S old: left by a server killed mid-ingest.
+    The caller holds the write lock, so no ingest is running; the age spares an upload not yet locked."""
+    uploads = catalog.root / "uploads"
+    if not uploads.is_dir():
+        return []
+    cutoff = (now if now is not None else time.time()) - UPLOAD_GRACE_S
+    return [
+        folder
+        for folder in sorted(uploads.iterdir())
+        if folder.is_dir()
+        and _newest_mtime(folder) < cutoff
+        and not catalog.any_document_under(str(folder.resolve()))
+    ]
+
+
+def _newest_mtime(folder: Path) -> float:
+    """The newest modification time of a folder and everything in it."""
+    return max([folder.stat().st_mtime, *(f.stat().st_mtime for f in folder.rglob("*"))])

@@ -71,6 +71,14 @@ def serve(
         min=1,
         help="prompt tokens prefilled between two decode steps (how long new requests may stall others)",
     ),
+    max_question_tokens: int = typer.Option(
+        1024, min=1, help="a question's tokens at most (longer: 400, before any model work)"
+    ),
+    max_prompt_tokens: int = typer.Option(
+        8192,
+        min=1,
+        help="a prompt's tokens at most: a completion's, a plain chat's, a question with its contexts (400)",
+    ),
     read_only: bool = typer.Option(
         False,
         "--read-only",
@@ -121,6 +129,8 @@ def serve(
         access=access,
         metrics_key=metrics_key,
         hosts=hosts,
+        max_question_tokens=max_question_tokens,
+        max_prompt_tokens=max_prompt_tokens,
     )
     where = f"store {backend.documents.root}" if backend.documents else "no store (no retrieval)"
     console.print(f"serving {backend.model_name} on http://{host}:{port}/v1 with {where}")

@@ -371,12 +371,15 @@ class Engine:
         """A plain prompt (no retrieval), reusing the longest previously seen prefix (prefix_cache.py)."""
         yield from self.run(self.begin_prompt(prompt_ids, params))
 
-    def begin_prompt(self, prompt_ids: list[int], params: SamplingParams | None = None) -> DecodeState:
-        """`begin` for a plain prompt: only the part after its longest cached prefix is prefilled."""
-        return drain(self.begin_prompt_steps(prompt_ids, params))
+    def begin_prompt(
+        self, prompt_ids: list[int], params: SamplingParams | None = None, partition: str = ""
+    ) -> DecodeState:
+        """`begin` for a plain prompt: only the part after its longest cached prefix is prefilled. The prefix
+        cache is looked up and filled in `partition` only (a server's: the API key's, prefix_cache.py)."""
+        return drain(self.begin_prompt_steps(prompt_ids, params, partition))
 
     def begin_prompt_steps(
-        self, prompt_ids: list[int], params: SamplingParams | None = None
+        self, prompt_ids: list[int], params: SamplingParams | None = None, partition: str = ""
     ) -> Generator[int, None, DecodeState]:
         """`begin_prompt` one prefill forward at a time, as `begin_steps`."""
         params = params or SamplingParams()
@@ -386,13 +389,13 @@ class Engine:
         self.check_length(len(prompt_ids), params.max_new_tokens)
         dev, dtype = self.lm.device, self.lm.dtype
         reserve = len(prompt_ids) + params.max_new_tokens + 8
-        n, hit = self.prefix_cache.match(prompt_ids[:-1])  # keep >= 1 token to prefill: it gives the logits
+        n, hit = self.prefix_cache.match(prompt_ids[:-1], partition)  # keep >= 1 token to prefill (logits)
         if hit is not None:
             cache, _ = kv.assemble_into(hit, [], self.inv_freq, "reordered", dev, dtype, reserve)
         else:
             cache = hf_compat.buffered_cache(self.lm.config.num_hidden_layers, reserve=reserve)
         logits = yield from self._feed_steps(cache, prompt_ids[n:], n, 1)  # (1, vocab)
-        self.prefix_cache.insert(prompt_ids, hf_compat.cache_layers(cache))
+        self.prefix_cache.insert(prompt_ids, hf_compat.cache_layers(cache), partition)
         n_ids = len(prompt_ids)
         return self._sequence(cache, logits[-1], n_ids, params, t0, "prompt", n_ids, n, 0)
 

@@ -8,6 +8,11 @@ and reuses the longest run of hits; only the rest is prefilled. Blocks sit at th
 
 Bounded by `max_tokens` in total, least recently used blocks evicted first.
 
+Partitions: a server shared by several API keys must not let one key's `cached_tokens` (or its faster
+answer) tell it that another key sent the same prefix. A partition name (the key's) salts the block hashes,
+so blocks of one partition never match another's prompts; the same prefix sent by two keys is stored twice.
+`match` and `insert` take it as an argument (Engine.begin_prompt passes the request's).
+
 Worked example (block_size 4): step 1 prompt = S S S S S S S S Q1 (8 system tokens + question) stores
 blocks b0 = h(S S S S), b1 = h(b0, S S S S). Step 2 prompt = S S S S S S S S A1 Q2 hits b0, b1: 8 tokens
 reused, only "A1 Q2" prefilled.
@@ -58,12 +63,17 @@ class PrefixCache:
         with self._lock:
             self._blocks.clear()
 
-    def match(self, ids: Sequence[int]) -> tuple[int, ChunkKV | None]:
-        """Longest cached prefix of `ids` in whole blocks: (tokens, K/V (L, H, tokens, D)) or (0, None)."""
+    def _salt(self, partition: str) -> str:
+        """The block hashes' salt: the model's fingerprint, and the partition if any."""
+        return f"{self.salt}\x00{partition}" if partition else self.salt
+
+    def match(self, ids: Sequence[int], partition: str = "") -> tuple[int, ChunkKV | None]:
+        """Longest cached prefix of `ids` in whole blocks of `partition`: (tokens, K/V (L, H, tokens, D)) or
+        (0, None)."""
         parts = []
         with self._lock:
             self.lookups += 1
-            for key in block_keys(ids, self.block_size, self.salt):
+            for key in block_keys(ids, self.block_size, self._salt(partition)):
                 block = self._blocks.get(key)
                 if block is None:
                     break
@@ -75,12 +85,17 @@ class PrefixCache:
         self.hits += n
         return n, ChunkKV(torch.cat([p.k for p in parts], dim=2), torch.cat([p.v for p in parts], dim=2))
 
-    def insert(self, ids: Sequence[int], layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> int:
-        """Store every full block of `ids` not cached yet, slicing it from the model cache's per-layer
-        (k, v), each (1, H, >= len(ids), D). Only new blocks are copied. Returns their number."""
+    def insert(
+        self,
+        ids: Sequence[int],
+        layers: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        partition: str = "",
+    ) -> int:
+        """Store every full block of `ids` not cached yet in `partition`, slicing it from the model cache's
+        per-layer (k, v), each (1, H, >= len(ids), D). Only new blocks are copied. Returns their number."""
         new = 0
         with self._lock:
-            for i, key in enumerate(block_keys(ids, self.block_size, self.salt)):
+            for i, key in enumerate(block_keys(ids, self.block_size, self._salt(partition))):
                 if key in self._blocks:
                     self._blocks.move_to_end(key)
                     continue

@@ -41,6 +41,7 @@ from turborag.rag import loaders
 from turborag.rag.chunker import Chunk, Chunker
 from turborag.rag.embed import DIM, Embedder, VectorIndex
 from turborag.store.catalog import DEFAULT_COLLECTION, Catalog, NewChunk, StoreError
+from turborag.store.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,11 @@ class IngestResult:
     seconds: float = 0.0
     cache_bytes: int = 0  # bytes of cache files written in this run
     computed_chunks: int = 0  # caches computed (new chunks whose cache was not on disk + repairs)
+    # Distinct caches that the collection's chunks did not use before this run, whether computed now or
+    # already stored for another collection (caches are shared, content-addressed). What the server reports
+    # as an upload's computed chunks: `computed_chunks` would tell one collection's writer that another
+    # collection holds the same text.
+    new_to_collection: int = 0
     repaired_caches: int = 0  # caches of unchanged chunks that were missing and recomputed
     unchanged_documents: int = 0
     pruned_documents: int = 0
@@ -237,6 +243,8 @@ class Ingestor:
 
     def _compute(self, pending: list[_Pending], repairs: list[str], res: IngestResult) -> None:
         store = self.engine.store
+        keys = {k for p in pending for k in p.keys}
+        res.new_to_collection = len(keys - self.catalog.referenced_keys(keys))  # before any commit
         repair_items = self._repair_items(repairs) if repairs else []
         todo = {k: n for p in pending for k, n in zip(p.keys, p.sizes) if k not in store}
         todo.update((k, n) for k, _, n in repair_items)
@@ -371,8 +379,25 @@ def check_keys(catalog: Catalog, engine: Engine) -> None:
 
 
 def free_caches(catalog: Catalog, kv) -> int:
-    """Delete the caches that no chunk refers to any more; returns bytes freed."""
-    return sum(kv.delete(key) for key in catalog.drop_unreferenced_entries())
+    """Delete the caches that no chunk refers to any more; returns bytes freed.
+
+    A shared store that cannot be reached (Redis down) leaves them in place, logged: the catalog no longer
+    names them, so `turborag cache gc` deletes them later. The documents' removal, already committed, then
+    still succeeds, instead of failing after the fact (a server would answer 503 for a delete that happened,
+    and the client's retry would get 404)."""
+    freed = 0
+    keys = catalog.drop_unreferenced_entries()
+    for i, key in enumerate(keys):
+        try:
+            freed += kv.delete(key)
+        except StoreUnavailable as e:
+            log.warning(
+                "%s; %d unused chunk caches left in the store (`turborag cache gc` deletes them)",
+                e,
+                len(keys) - i,
+            )
+            break
+    return freed
 
 
 def remove(catalog: Catalog, kv, paths: Sequence[str | Path]) -> tuple[int, int]:

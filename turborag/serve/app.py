@@ -48,7 +48,12 @@ from turborag.serve.access import Access
 from turborag.serve.errors import APIError, api_error_handler, guard, http_error_handler
 from turborag.serve.origin import HostPolicy, OriginChecks, SecurityHeaders
 from turborag.serve.schemas import MAX_BODY_BYTES
-from turborag.serve.state import Backend, ServerState
+from turborag.serve.state import (
+    DEFAULT_MAX_PROMPT_TOKENS,
+    DEFAULT_MAX_QUESTION_TOKENS,
+    Backend,
+    ServerState,
+)
 
 
 def create_app(
@@ -61,16 +66,28 @@ def create_app(
     access: Access | None = None,
     metrics_key: str | None = None,
     hosts: HostPolicy | None = None,
+    max_question_tokens: int = DEFAULT_MAX_QUESTION_TOKENS,
+    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
 ) -> FastAPI:
     """An app serving `backend`; it starts its own model worker thread, which decodes up to `max_batch`
     requests together and prefills at most about `prefill_budget` tokens between two decode steps.
     `access` holds the scoped keys (`--keys`), `api_key` one more key allowed everything; with neither the
     API is open. `metrics_key` guards `/metrics`. `hosts` are the Host headers answered (`turborag serve`
     passes its bind address and `--allowed-host` values); None answers any Host, for an app embedded or
-    tested on its own. Cross-origin checks and security headers apply either way."""
+    tested on its own. Cross-origin checks and security headers apply either way. A question may have at
+    most `max_question_tokens` tokens, a prompt `max_prompt_tokens` (400 beyond, before any model work)."""
     app = FastAPI(title="turborag", docs_url=None, redoc_url=None)
     state = ServerState(
-        backend, api_key, max_queue, max_body_bytes, max_batch, prefill_budget, access, metrics_key
+        backend,
+        api_key,
+        max_queue,
+        max_body_bytes,
+        max_batch,
+        prefill_budget,
+        access,
+        metrics_key,
+        max_question_tokens,
+        max_prompt_tokens,
     )
     app.state.server = state
     # the same objects under their own names, for tests and benchmarks that watch (or patch) the worker

@@ -10,6 +10,7 @@ The errors that routing itself raises (a wrong path: 404, a wrong method: 405) a
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Iterator
@@ -91,11 +92,18 @@ def check_json_type(request: Request) -> None:
 
 async def parse_body(request: Request, model: type[BaseModel], max_bytes: int) -> Any:
     """The request's JSON body validated as `model`. The size is checked again on the bytes read, since a
-    chunked request has no Content-Length for the guard to check."""
+    chunked request has no Content-Length for the guard to check. Decoding and validating run off the event
+    loop: a body of many messages takes seconds of CPU, during which no other request (`/health` included)
+    would be answered."""
     check_json_type(request)
     raw = await request.body()
     if len(raw) > max_bytes:
         raise too_large(max_bytes)
+    return await asyncio.to_thread(parse_json, raw, model)
+
+
+def parse_json(raw: bytes, model: type[BaseModel]) -> Any:
+    """`raw` decoded as a JSON object and validated as `model`; a 400 in OpenAI's shape if it is not."""
     try:
         data = json.loads(raw or b"null")
     except (json.JSONDecodeError, UnicodeDecodeError):

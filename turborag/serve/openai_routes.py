@@ -8,17 +8,27 @@ question is model work too.
 
 Route functions carry no return annotation: FastAPI would take one for a response model, changing the
 OpenAPI schema and re-validating bodies that are already built.
+
+Bounds (issue 38): a question is at most `max_question_tokens`, a prompt (a completion's, a plain chat's
+conversation, or a question with its `contexts`) at most `max_prompt_tokens`, checked before any model work;
+a text over 8 characters per allowed token is refused before the tokenizer runs, and tokenizing runs off the
+event loop, so that a huge prompt never stalls the other requests (`/health` included). Using the model at
+all needs a key with read scope. A plain prompt's prefix cache is partitioned by key.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
+
 from fastapi import APIRouter, Request
 
 from turborag.core.engine import Engine
+from turborag.core.generate import SamplingParams
 from turborag.serve.errors import APIError, parse_body
 from turborag.serve.responses import respond
 from turborag.serve.schemas import ChatRequest, CompletionRequest, Message
-from turborag.serve.state import ServerState, StateDep
+from turborag.serve.state import Limit, ServerState, StateDep
 
 router = APIRouter()
 
@@ -34,15 +44,59 @@ async def chat(request: Request, state: StateDep):
     if opts.contexts is not None or (opts.retrieve and state.backend.retriever is not None):
         if opts.contexts is None:  # retrieval reads the collection: the key must be allowed to
             state.may_read(request, opts.collection)
-        return await answer_from_passages(state, req, users[-1].text())
+        else:
+            state.may_use_model(request)
+        question = users[-1].text()
+        await check_question(state, question, opts.contexts or [])
+        return await answer_from_passages(state, req, question, request)
+    state.may_use_model(request)
     engine = state.engine
     params = req.params(state.backend.default_max_tokens)
-    ids = render_chat(engine, req.messages)
-    started = await state.start(begin=lambda: engine.begin_prompt(ids, params))
-    return await respond(state, started, "chat", req, {"chunks": []})
+    chars = sum(len(m.text()) for m in req.messages)
+    ids = await bounded_ids(state.prompt_limit("messages"), chars, lambda: render_chat(engine, req.messages))
+    return await answer_prompt(state, request, req, "chat", ids, params)
 
 
-async def answer_from_passages(state: ServerState, req: ChatRequest, question: str):
+async def check_question(state: ServerState, question: str, contexts: list[str]) -> None:
+    """400 for a question over `max_question_tokens`, or one that with the request's own passages is over
+    `max_prompt_tokens`, before any model work (the passages of a store are bounded by the model's context
+    when they are fitted, on the worker)."""
+    tok = state.engine.lm.tokenizer
+    await bounded_ids(state.question_limit(), len(question), lambda: encode(tok, question))
+    if contexts:
+        limit = state.prompt_limit("turborag.contexts")
+        texts = [*contexts, question]
+        await bounded_ids(limit, sum(map(len, texts)), lambda: [i for t in texts for i in encode(tok, t)])
+
+
+async def bounded_ids(limit: Limit, chars: int, tokenize: Callable[[], list[int]]) -> list[int]:
+    """The token ids of a text the model is to read, within `limit`: refused by its length in characters
+    before the tokenizer runs, then by its tokens. Tokenized off the event loop: megabytes take seconds, and
+    meanwhile no other request, `/health` included, would be answered."""
+    limit.check_chars(chars)
+    ids = await asyncio.to_thread(tokenize)
+    limit.check_tokens(len(ids))
+    return ids
+
+
+async def answer_prompt(
+    state: ServerState,
+    request: Request,
+    req: CompletionRequest | ChatRequest,
+    kind: str,
+    ids: list[int],
+    params: SamplingParams,
+):
+    """The answer to a plain prompt, prompt-cached within the key's own partition of the prefix cache, its
+    prefill chunked (the worker runs its forwards between other requests' decode steps)."""
+    engine, partition = state.engine, state.prefix_partition(request)
+    started = await state.start(
+        begin=lambda: engine.begin_prompt_steps(ids, params, partition), request=request
+    )
+    return await respond(state, started, kind, req, {"chunks": []} if kind == "chat" else {}, request)
+
+
+async def answer_from_passages(state: ServerState, req: ChatRequest, question: str, request: Request):
     """The RAG answer: the request's own passages, or the top-k retrieved ones that fit the context.
     A base model (plain template) stops at the end of its line unless the client chose stop strings."""
     engine, backend, opts = state.engine, state.backend, req.turborag
@@ -53,7 +107,7 @@ async def answer_from_passages(state: ServerState, req: ChatRequest, question: s
         raise APIError(400, "turborag.contexts must hold non-empty passages", param="turborag.contexts")
     chunk_refs: list[dict] = []
 
-    def begin():
+    def begin():  # a generator: the worker runs it one prefill forward at a time (Engine.begin_steps)
         passages = contexts
         if opts.contexts is None:
             from turborag.rag.retrieve import fit_passages  # a server without a store never loads it
@@ -63,13 +117,13 @@ async def answer_from_passages(state: ServerState, req: ChatRequest, question: s
             passages = [h.text for h in hits]
             # with each chunk's text, so that a client (the web page) can show what the answer read
             chunk_refs.extend({**backend.retriever.chunk_ref(h), "text": h.text} for h in hits)
-        return engine.begin(question, passages, opts.mode, params)
+        return (yield from engine.begin_steps(question, passages, opts.mode, params))
 
-    started = await state.start(begin=begin)
+    started = await state.start(begin=begin, request=request)
     extra = {"chunks": chunk_refs}  # filled before the first token
     if opts.contexts is None:
         extra["collection"] = opts.collection
-    return await respond(state, started, "chat", req, extra)
+    return await respond(state, started, "chat", req, extra, request)
 
 
 @router.post("/v1/completions")
@@ -78,17 +132,25 @@ async def completions(request: Request, state: StateDep):
     state.check_model(req.model)
     if not req.prompt:
         raise APIError(400, "prompt must not be empty", param="prompt")
+    state.may_use_model(request)
     engine = state.engine
     params = req.params(state.backend.default_max_tokens)
-    ids = _bos(engine) + list(engine.lm.tokenizer(req.prompt, add_special_tokens=False)["input_ids"])
-    started = await state.start(begin=lambda: engine.begin_prompt(ids, params))
-    return await respond(state, started, "text", req, {})
+    limit = state.prompt_limit("prompt")
+    ids = await bounded_ids(
+        limit, len(req.prompt), lambda: _bos(engine) + encode(engine.lm.tokenizer, req.prompt)
+    )
+    return await answer_prompt(state, request, req, "text", ids, params)
 
 
 @router.get("/v1/models")
 async def models(state: StateDep):
     model = {"id": state.backend.model_name, "object": "model", "created": 0, "owned_by": "turborag"}
     return {"object": "list", "data": [model]}
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    """A text's token ids, without the special tokens the tokenizer would add."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def _bos(engine: Engine) -> list[int]:
@@ -105,6 +167,6 @@ def render_chat(engine: Engine, messages: list[Message]) -> list[int]:
             {"role": m.role if m.role != "developer" else "system", "content": m.text()} for m in messages
         ]
         text = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-        return list(tok(text, add_special_tokens=False)["input_ids"])
+        return encode(tok, text)
     lines = [f"{m.role.capitalize()}: {m.text()}" for m in messages]
-    return _bos(engine) + list(tok("\n".join(lines) + "\nAssistant:", add_special_tokens=False)["input_ids"])
+    return _bos(engine) + encode(tok, "\n".join(lines) + "\nAssistant:")

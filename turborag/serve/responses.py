@@ -13,11 +13,12 @@ import json
 import time
 import uuid
 
+from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from turborag.core.engine import Answer
 from turborag.serve.schemas import SamplingFields
-from turborag.serve.state import ServerState, Started, shutting_down
+from turborag.serve.state import ServerState, Started, shutting_down, unless_gone
 from turborag.serve.worker import ShuttingDown
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # no proxy buffering of the stream
@@ -86,13 +87,19 @@ def turborag_field(extra: dict, a: Answer) -> dict:
 
 
 async def respond(
-    state: ServerState, started: Started, kind: str, req: SamplingFields, extra: dict
+    state: ServerState,
+    started: Started,
+    kind: str,
+    req: SamplingFields,
+    extra: dict,
+    request: Request | None = None,
 ) -> Response:
     """The response to a started generation job: `kind` is "chat" or "text"; `extra` is read only once the
-    answer is done, so a route may fill it from the worker before the first token."""
+    answer is done, so a route may fill it from the worker before the first token. With `request`, a
+    non-streamed answer whose client leaves is cancelled (a stream already is: Starlette cancels it)."""
     shape = Shape(kind, state.backend.model_name)
     if not req.stream:
-        return await whole_response(state, started, shape, extra)
+        return await whole_response(state, started, shape, extra, request)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     return StreamingResponse(
         events(state, started, shape, extra, include_usage),
@@ -101,12 +108,11 @@ async def respond(
     )
 
 
-async def whole_response(state: ServerState, started: Started, shape: Shape, extra: dict) -> JSONResponse:
-    answer = None
+async def whole_response(
+    state: ServerState, started: Started, shape: Shape, extra: dict, request: Request | None = None
+) -> JSONResponse:
     try:
-        async for it in started.items():
-            if isinstance(it, Answer):
-                answer = it
+        answer = await unless_gone(request, final_answer(started), started.job)
     except ShuttingDown as e:
         raise shutting_down(e) from None
     finally:
@@ -115,6 +121,15 @@ async def whole_response(state: ServerState, started: Started, shape: Shape, ext
     state.update_queue_depth()
     choices = [shape.choice(answer.text, answer.finish_reason, False)]
     return JSONResponse(shape.body(choices, usage=usage(answer), turborag=turborag_field(extra, answer)))
+
+
+async def final_answer(started: Started) -> Answer | None:
+    """The job's Answer, once every text piece before it has been generated."""
+    answer = None
+    async for it in started.items():
+        if isinstance(it, Answer):
+            answer = it
+    return answer
 
 
 async def events(state: ServerState, started: Started, shape: Shape, extra: dict, include_usage: bool):

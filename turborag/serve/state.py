@@ -6,12 +6,13 @@ instead of closing over locals of `create_app`, so each route lives in the modul
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
 
@@ -19,7 +20,7 @@ from turborag.core.batch import DecodeBatch
 from turborag.core.defaults import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_BUDGET
 from turborag.core.engine import Engine, PromptTooLong
 from turborag.core.generate import DecodeState
-from turborag.serve.access import EVERYTHING, Access, Principal
+from turborag.serve.access import EVERYTHING, Access, Principal, key_hash
 from turborag.serve.errors import APIError, forbidden
 from turborag.serve.metrics import Metrics
 from turborag.serve.worker import Generation, Job, ModelWorker, QueueFull, ShuttingDown, step_alone
@@ -27,6 +28,15 @@ from turborag.store.catalog import StoreError
 from turborag.store.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+DEFAULT_MAX_QUESTION_TOKENS = 1024
+DEFAULT_MAX_PROMPT_TOKENS = 8192
+# A text longer than this many characters per allowed token is refused before the tokenizer runs, which
+# takes seconds on megabytes. Prose has about 4 characters a token, code with runs of spaces more: twice that
+# leaves a margin, so that only a text that would be over its cap in tokens too is refused unread.
+CHARS_PER_TOKEN = 8
 
 
 @dataclass
@@ -57,6 +67,67 @@ class Started:
             yield it
 
 
+@dataclass(frozen=True)
+class Limit:
+    """A per-request bound on a text the model must read: `setting` names the server's setting in the
+    message, so a client knows which cap it met (and an operator which option raises it)."""
+
+    what: str  # "question", "prompt"
+    setting: str  # "max_question_tokens", "max_prompt_tokens"
+    tokens: int
+    param: str  # the request field the text came from
+
+    def check_chars(self, chars: int) -> None:
+        """400 for a text too long to be within the cap whatever the tokenizer does, before it runs."""
+        if chars > CHARS_PER_TOKEN * self.tokens:
+            raise self._error(
+                f"{self.what} of {chars} characters is over this server's limit of {self.tokens} tokens "
+                f"({self.setting}; at most {CHARS_PER_TOKEN * self.tokens} characters)"
+            )
+
+    def check_tokens(self, tokens: int) -> None:
+        if tokens > self.tokens:
+            raise self._error(
+                f"{self.what} of {tokens} tokens is over this server's limit of {self.tokens} tokens "
+                f"({self.setting})"
+            )
+
+    def _error(self, message: str) -> APIError:
+        return APIError(400, message, code="context_length_exceeded", param=self.param)
+
+
+async def unless_gone(request: Request | None, work: Awaitable[T], job: Job) -> T:
+    """`await work`, unless the client closes the connection first: then the job is cancelled (the worker
+    drops it at its next iteration, freeing its batch slot) and the request ends with a 499, which nobody
+    reads but /metrics counts. A non-streamed answer has no send that would fail when its client leaves, so
+    without this the model would go on generating for nobody. The request's body must have been read."""
+    if request is None:
+        return await work
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(client_left(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done() or not gone.result():
+            return await task
+        job.cancel()
+        raise APIError(499, "client closed the request", code="client_disconnected")
+    finally:
+        for t in (task, gone):
+            t.cancel()
+
+
+async def client_left(request: Request) -> bool:
+    """True once the client has closed the connection: with the body read, the next ASGI message is the
+    disconnect. (Not a poll of `request.is_disconnected()`: behind Starlette's BaseHTTPMiddleware, which the
+    guard is, its cancelled receive never reported the disconnect.) False if the server cannot tell."""
+    try:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+    except RuntimeError:  # a receive out of turn (BaseHTTPMiddleware's); then watch nothing
+        return False
+    return True
+
+
 def shutting_down(e: ShuttingDown) -> APIError:
     """503 for a request refused or stopped because the server is shutting down (SIGTERM)."""
     return APIError(503, str(e), "server_error", "shutting_down", headers={"Retry-After": "1"})
@@ -73,7 +144,11 @@ class ServerState:
         prefill_budget: int = DEFAULT_PREFILL_BUDGET,
         access: Access | None = None,
         metrics_key: str | None = None,
+        max_question_tokens: int = DEFAULT_MAX_QUESTION_TOKENS,
+        max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
     ):
+        if max_question_tokens < 1 or max_prompt_tokens < 1:
+            raise ValueError("max_question_tokens and max_prompt_tokens must be at least 1")
         engine = backend.engine
         if max_batch > 1:
             batch = DecodeBatch(engine.lm.model, engine.windows)
@@ -88,9 +163,19 @@ class ServerState:
         self.access = (access or Access()).with_key(api_key)
         self.metrics_key = metrics_key
         self.max_body_bytes = max_body_bytes
+        # Bounds on what one request may ask the model to read, checked before any model work: a question
+        # of thousands of tokens held the model (and every other request) for a minute.
+        self.max_question_tokens = max_question_tokens
+        self.max_prompt_tokens = max_prompt_tokens
         root = getattr(backend.documents, "root", None)
         # the store's location as a server path, in every spelling a message could carry it
         self._paths = sorted({str(root), str(Path(root).resolve())}, key=len, reverse=True) if root else []
+
+    def question_limit(self) -> Limit:
+        return Limit("question", "max_question_tokens", self.max_question_tokens, "messages")
+
+    def prompt_limit(self, param: str) -> Limit:
+        return Limit("prompt", "max_prompt_tokens", self.max_prompt_tokens, param)
 
     def check_model(self, name: str) -> None:
         """Accept the served model's name, or "turborag" for a client that does not know it."""
@@ -120,6 +205,21 @@ class ServerState:
         if not p.can_read(collection):
             raise forbidden(f"this API key may not read collection {collection!r}")
 
+    def may_use_model(self, request: Request) -> None:
+        """403 unless the request's key may read some collection: answering is reading (a write-only key, such
+        as an ingestion key, must not get the model's time through plain chat or completions)."""
+        if not self.principal(request).read:
+            raise forbidden("this API key has no read scope; using the model needs a key that may read")
+
+    def prefix_partition(self, request: Request) -> str:
+        """The prompt-cache partition of the request's key (its hash; "" on an open server, which has one
+        user): a key never gets `cached_tokens`, nor the time they save, from another key's prompts, which
+        would tell it what that key sent. By key rather than by name: two keys may share a name."""
+        if not self.access.required:
+            return ""
+        _scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        return key_hash(key.strip())
+
     def may_write(self, request: Request, collection: str) -> None:
         """403 unless the request's key may write `collection` (upload, delete, create, drop) and this server
         is not a read-only replica."""
@@ -145,10 +245,14 @@ class ServerState:
         self.metrics.queue_depth.set(self.worker.depth)
 
     async def start(
-        self, run: Callable[[], Iterator] | None = None, begin: Callable[[], DecodeState] | None = None
+        self,
+        run: Callable[[], Iterator] | None = None,
+        begin: Callable[[], DecodeState] | None = None,
+        request: Request | None = None,
     ) -> Started:
         """Queue a plain job (`run`) or a generation (`begin`, decoded in the batch); await its first item so
-        that request errors become HTTP errors, not broken streams."""
+        that request errors become HTTP errors, not broken streams. With `request`, a client that leaves
+        while the job waits in the queue or prefills cancels it (a 499 nobody reads)."""
         try:
             job = self.worker.submit(Generation(begin) if begin is not None else run)
         except QueueFull:
@@ -164,7 +268,7 @@ class ServerState:
         self.update_queue_depth()
         items = job.items()
         try:
-            first = await items.__anext__()
+            first = await unless_gone(request, items.__anext__(), job)
         except PromptTooLong as e:
             raise APIError(400, str(e), code="context_length_exceeded") from None
         except ShuttingDown as e:

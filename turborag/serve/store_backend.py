@@ -5,8 +5,10 @@ embedder and index are opened lazily by the first job on the worker thread and o
 
 Uploaded documents are written to `<store>/uploads/<id>/<safe name>`, where `<id>` is chosen by the server,
 then ingested like any file (chunked, embedded, caches precomputed). Every document in the store (uploaded
-or ingested from the command line) has an API id: the upload id, or a hash of its catalog id. Responses name
-documents and chunks by these ids, ordinals and file names only, never by server paths.
+or ingested from the command line) has an API id: the upload id, or a hash of its catalog id; each record of
+an uploaded JSONL file is a document of its own, `<upload id>-<hash of its record>` (the upload id deletes
+them all). Responses name documents and chunks by these ids, ordinals and file names only, never by server
+paths.
 
 A store holds named collections (`default` unless a request names another); retrieval, listing and deletion
 see one collection, and each collection has its own retriever, rebuilt when the catalog's generation moves
@@ -26,6 +28,11 @@ from turborag.serve.errors import APIError
 
 def api_id(doc_id: str) -> str:
     return hashlib.sha256(doc_id.encode()).hexdigest()[:16]
+
+
+def record_id(upload: str, doc_id: str) -> str:
+    """The API id of one record (catalog id `path#record`) of an uploaded JSONL file."""
+    return f"{upload}-{api_id(doc_id)[:12]}"
 
 
 class StoreBackend:
@@ -88,9 +95,13 @@ class StoreBackend:
         }
 
     def document_id(self, doc_id: str, path: str) -> str:
-        """A document's API id: the upload's folder for an upload, else a hash of its catalog id."""
+        """A document's API id: the upload's folder for an uploaded file, `<folder>-<hash>` for a record of
+        an uploaded JSONL file, else a hash of its catalog id."""
         up = str(self.uploads.resolve()) + "/"
-        return Path(path[len(up) :]).parts[0] if path.startswith(up) else api_id(doc_id)
+        if not path.startswith(up):
+            return api_id(doc_id)
+        upload = Path(path[len(up) :]).parts[0]
+        return upload if doc_id == path else record_id(upload, doc_id)
 
     # -- collections -------------------------------------------------------------------------------
 
@@ -165,8 +176,9 @@ class StoreBackend:
             self.delete(doc, collection)
             shutil.rmtree(folder, ignore_errors=True)
             raise ValueError(f"{name}: no text could be extracted (empty or unreadable file)")
-        rows = view.cache_keys_of(view.documents_under(str(folder.resolve())))
-        return {
+        doc_ids = view.documents_under(str(folder.resolve()))
+        rows = view.cache_keys_of(doc_ids)
+        added = {
             "id": doc,
             "object": "document",
             "name": name,
@@ -174,8 +186,13 @@ class StoreBackend:
             "chunks": len(rows),
             "tokens": sum(tokens for _, _, tokens in rows),
             "new_chunks": res.new_chunks,
-            "computed_chunks": res.computed_chunks,
+            # counted for this collection alone: that another one holds the same text is not its business
+            "computed_chunks": res.new_to_collection,
         }
+        records = [d for d in doc_ids if "#" in Path(d).name]  # a JSONL file: a document per `path#record`
+        if records:
+            added["documents"] = sorted(record_id(doc, d) for d in records)
+        return added
 
     def list(self, collection: str = "default") -> list[dict]:
         view = self._view(collection)
@@ -190,7 +207,7 @@ class StoreBackend:
             {
                 "id": self.document_id(doc_id, path),
                 "object": "document",
-                "name": Path(path).name,
+                "name": Path(doc_id).name,  # the file name, with `#record` for a JSONL record
                 "collection": collection,
                 "chunks": chunks,
                 "tokens": tokens,
@@ -200,14 +217,18 @@ class StoreBackend:
         ]
 
     def delete(self, doc: str, collection: str = "default") -> bool:
-        """Remove a document of `collection` and the caches nothing else uses; False if the collection has
-        no document with that id (an upload of another collection is not touched)."""
+        """Remove a document of `collection` (an upload whole, or one record of an uploaded JSONL file) and
+        the caches nothing else uses; False if the collection has no document with that id (an upload of
+        another collection is not touched)."""
         from turborag.rag.ingest import free_caches
 
         view = self._view(collection)
-        folder = self.uploads / doc
+        upload, _, record = doc.partition("-")
+        folder = self.uploads / upload
         if folder.is_dir():
             doc_ids = view.documents_under(str(folder.resolve()))
+            if record:
+                doc_ids = [d for d in doc_ids if record_id(upload, d) == doc]
         else:
             q = "SELECT doc_id FROM documents WHERE collection = ?"
             doc_ids = [d for (d,) in view.db.execute(q, (view.cid,)) if api_id(d) == doc]

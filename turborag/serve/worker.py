@@ -211,8 +211,10 @@ class ModelWorker:
                 self._finish(job, ShuttingDown())
                 continue
             if job.begin is None:
-                self.running = len(running) + 1
+                self.running = len(running) + len(prefilling) + 1
                 self._run_alone(job)
+                # back to the sequences only: else an idle server reads 1 (/health, /metrics) until a next job
+                self.running = len(running) + len(prefilling)
                 continue
             try:
                 begun = job.begin()

@@ -541,6 +541,16 @@ class Catalog:
         )
         return [r[0] for r in rows]
 
+    def any_document_under(self, path: str) -> bool:
+        """Whether a document of any collection has its source file at `path` or under the folder `path`
+        (`cache gc` keeps such an upload folder)."""
+        prefix = path.rstrip(os.sep) + os.sep
+        row = self.db.execute(
+            "SELECT 1 FROM documents WHERE path = ? OR substr(path, 1, ?) = ? LIMIT 1",
+            (path, len(prefix), prefix),
+        ).fetchone()
+        return row is not None
+
     @staticmethod
     def _bump(db: sqlite3.Connection) -> None:
         db.execute("UPDATE meta SET value = CAST(value AS INTEGER) + 1 WHERE key = 'generation'")
@@ -559,6 +569,19 @@ class Catalog:
             ]
             db.executemany("DELETE FROM cache_entries WHERE key = ?", [(k,) for k in keys])
         return keys
+
+    def referenced_keys(self, keys: Iterable[str]) -> set[str]:
+        """Those of `keys` that a chunk of this collection uses (another collection's chunks do not count)."""
+        keys = list(dict.fromkeys(keys))
+        found: set[str] = set()
+        for s in range(0, len(keys), 500):  # below SQLite's limit of bound variables
+            part = keys[s : s + 500]
+            q = (
+                "SELECT DISTINCT c.cache_key FROM chunks c JOIN documents d ON c.document = d.id "
+                f"WHERE d.collection = ? AND c.cache_key IN ({','.join('?' * len(part))})"
+            )
+            found.update(r[0] for r in self.db.execute(q, (self.cid, *part)))
+        return found
 
     def sample_chunk(self) -> tuple[str, str] | None:
         """(text, cache key) of one chunk, or None for an empty store: enough to check that an engine
