@@ -42,12 +42,15 @@ class Candidate:
 
 
 # Cheapest first (a tie in accuracy goes to the earlier): turbo and APE cost the same, epic recomputes
-# 16 tokens a chunk, blend 15% of the passages plus a two-layer prefill to choose them.
+# 16 tokens a chunk, blend 15% of the passages plus a two-layer prefill to choose them. APE three ways: the
+# paper's defaults (tuned on 7-9B models), its temperature alone (scale 1/T keeps the passages' share,
+# exp(S*T*LSE), unchanged) and its scaling alone, since which part helps a given model is for its own
+# questions to say.
 CANDIDATES = (
     Candidate("turbo"),
     Candidate("turbo-ape", {"ape_temperature": 0.9, "ape_scale": 0.9}),
-    Candidate("turbo-ape", {"ape_temperature": 0.7, "ape_scale": 0.9}),
-    Candidate("turbo-ape", {"ape_temperature": 0.9, "ape_scale": 0.7}),
+    Candidate("turbo-ape", {"ape_temperature": 0.9, "ape_scale": round(1 / 0.9, 4)}),
+    Candidate("turbo-ape", {"ape_temperature": 1.0, "ape_scale": 0.9}),
     Candidate("turbo-epic"),
     Candidate("turbo-ape-epic", {"ape_temperature": 0.9, "ape_scale": 0.9}),
     Candidate("turbo-blend"),
