@@ -62,13 +62,13 @@ def served(tmp_path_factory, tiny_model_dir):
     assert r.exit_code == 0, r.output
     backend = serve_backend(store, None, "cpu", 8)
     engine, begun = backend.engine, []
-    begin = engine.begin
+    begin_steps = engine.begin_steps  # the server prefills in steps (chunked prefill)
 
-    def recording_begin(question, passages, mode, params):
+    def recording_begin_steps(question, passages, mode, params):
         begun.append((mode, list(passages)))
-        return begin(question, passages, mode, params)
+        return (yield from begin_steps(question, passages, mode, params))
 
-    mp.setattr(engine, "begin", recording_begin)
+    mp.setattr(engine, "begin_steps", recording_begin_steps)
     with ServedApp(create_app(backend)) as srv:
         with httpx.Client(base_url=srv.url, timeout=120) as http:
             assert http.post("/v1/collections", json={"name": COLLECTION}).status_code == 201
