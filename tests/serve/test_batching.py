@@ -208,3 +208,58 @@ def test_a_cancelled_request_is_dropped_between_its_prefill_forwards():
     assert forwards[0] == 0  # cancelled before its first forward: none run
     items, _, forwards = _chunked_run([3], budget=100)
     assert forwards == [3] and items[0][-1] == "done"
+
+
+def test_a_short_request_waits_one_forward_behind_a_long_full_prefill(tmp_path):
+    """On a tiny Gemma 3 with 16-token prefill forwards and a 16-token budget: a `full` request over many
+    passages is queued first, a turbo request right after. The short one's whole prefill (its question) runs
+    after at most one of the long one's forwards, and both answers are those of each request alone."""
+    model = make("gemma3")
+    tok = char_tokenizer()
+    lm = LoadedModel(model, tok, "tiny", fingerprint(model, tok), torch.device("cpu"), torch.float32)
+    engine = Engine(lm, KVStore(tmp_path, dtype="float32"), prefill_chunk=16)
+    long_passages = [f"Passage {i} tells of the harbour town of Velmora and its boats." for i in range(6)]
+    short = ("Who?", ["Odrun Pask rings the bell."])
+    params = SamplingParams(max_new_tokens=4, stop_at_newline=False)
+    engine.precompute(short[1])
+    alone = [
+        engine.answer("What is Velmora?", long_passages, "full", params).token_ids,
+        engine.answer(*short, "turbo", params).token_ids,
+    ]
+    forwards: list[tuple[str, int]] = []  # (request, tokens) of each prefill forward, in order
+
+    def tagged(tag, steps):
+        def begin():
+            while True:
+                try:
+                    n = next(steps)
+                except StopIteration as done:
+                    return done.value
+                forwards.append((tag, n))
+                yield n
+
+        return begin
+
+    async def main():
+        worker = ModelWorker(
+            max_queue=8, step=lambda rows: [engine.step(r) for r in rows], max_batch=8, prefill_budget=16
+        )
+        jobs = [
+            worker.submit(
+                Generation(
+                    tagged("long", engine.begin_steps("What is Velmora?", long_passages, "full", params))
+                )
+            ),
+            worker.submit(Generation(tagged("short", engine.begin_steps(*short, "turbo", params)))),
+        ]
+        out = []
+        for job in jobs:
+            items = [item async for item in job.items()]
+            out.append(items[-1].token_ids)
+        return out
+
+    answers = asyncio.run(main())
+    assert answers == alone
+    order = [tag for tag, _ in forwards if tag in ("long", "short")]
+    assert order.count("long") > 4  # the long prompt took several forwards
+    assert order.index("short") <= 1  # the short one's prefill ran after at most one of them
