@@ -33,12 +33,12 @@ def calibrate(
     as_json: bool = JsonOpt,
 ) -> None:
     """Answer your questions in full and in every training-free mode; record the best for `--mode auto`."""
+    if not data.is_file():  # before the imports below, which load torch
+        fail(f"no such file: {data}")
     from turborag.eval.calibrate import calibrate as run
     from turborag.eval.calibrate import check_not_a_benchmark, file_sha256, write_record
     from turborag.eval.evaluate import load_examples
 
-    if not data.is_file():
-        fail(f"no such file: {data}")
     try:
         check_not_a_benchmark(data)
     except ValueError as e:

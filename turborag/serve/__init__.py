@@ -1,6 +1,20 @@
-"""The OpenAI-compatible HTTP server over the engine; `create_app` builds it (see app.py)."""
+"""The OpenAI-compatible HTTP server over the engine; `create_app` builds it (see app.py).
 
-from turborag.serve.app import create_app
-from turborag.serve.state import Backend
+`create_app` and `Backend` are imported on first use (PEP 562), so that a light module of this package
+(`access`, for `turborag keys`) can be imported without FastAPI and torch."""
+
+from __future__ import annotations
 
 __all__ = ["Backend", "create_app"]
+
+
+def __getattr__(name: str):
+    if name == "create_app":
+        from turborag.serve.app import create_app
+
+        return create_app
+    if name == "Backend":
+        from turborag.serve.state import Backend
+
+        return Backend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
