@@ -432,3 +432,43 @@ def test_cache_gc_removes_orphan_uploads_only(served):
     assert r.exit_code == 0, r.output
     assert not folders["orphan"].exists()
     assert folders["kept"].is_dir() and folders["fresh"].is_dir()
+
+
+def test_an_upload_whose_client_left_is_taken_back(tmp_path, tiny_model_dir, monkeypatch):
+    """The client of an upload leaves while its caches are computed: the ingest stops at its next batch and
+    the store is as before (no document, no upload folder, no cache that nothing uses), with a 499."""
+    import threading
+
+    from typer.testing import CliRunner
+
+    from turborag.cli import app as cli
+    from turborag.cli.serve import serve_backend
+    from turborag.serve.errors import APIError
+
+    monkeypatch.setenv("TURBORAG_HOME", str(tmp_path / "home"))
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text("The harbour master rings a brass bell at six.\n")
+    store = tmp_path / "store"
+    args = ["ingest", str(tmp_path / "docs"), "--store", str(store), "--model", tiny_model_dir]
+    assert CliRunner().invoke(cli, [*args, "--chunk-tokens", "16"]).exit_code == 0
+    docs = serve_backend(store, None, "cpu", 8).documents
+    before_docs, before_caches = docs.list(), set(docs.engine.store.keys())
+    text = " ".join(f"Sentence {i} of a long upload about the lighthouse keeper." for i in range(300))
+    cancelled = threading.Event()
+    advance = docs.engine.precompute
+
+    def leave_after_first_batch(passages, on_batch=None):  # the client leaves during the first batch
+        def on(n):
+            cancelled.set()
+            if on_batch:
+                on_batch(n)
+
+        return advance(passages, on_batch=on)
+
+    monkeypatch.setattr(docs.engine, "precompute", leave_after_first_batch)
+    with pytest.raises(APIError) as e:
+        docs.add("long.txt", text.encode(), "default", cancelled)
+    assert e.value.status == 499
+    assert docs.list() == before_docs
+    assert set(docs.engine.store.keys()) == before_caches
+    assert not any((store / "uploads").iterdir())

@@ -10,7 +10,9 @@ the catalog's SQLite connection and the model that ingest needs.
 
 from __future__ import annotations
 
+import asyncio
 import re
+import threading
 from pathlib import Path
 
 from fastapi import APIRouter, Request
@@ -18,7 +20,7 @@ from fastapi.responses import JSONResponse
 
 from turborag.serve.errors import APIError, parse_body, too_large
 from turborag.serve.schemas import COLLECTION_PATTERN, DocumentRequest
-from turborag.serve.state import StateDep
+from turborag.serve.state import StateDep, client_left
 
 router = APIRouter()
 
@@ -30,8 +32,18 @@ async def add_document(request: Request, state: StateDep):
     collection = collection or query_collection(request)
     state.may_write(request, collection)
     name = safe_name(name)
-    added = await state.call(lambda: docs.add(name, data, collection))
+    cancelled = threading.Event()  # set if the client leaves: the ingest stops and takes itself back
+    watcher = asyncio.ensure_future(_set_when_gone(request, cancelled))
+    try:
+        added = await state.call(lambda: docs.add(name, data, collection, cancelled))
+    finally:
+        watcher.cancel()
     return JSONResponse(added, status_code=201)
+
+
+async def _set_when_gone(request: Request, cancelled: threading.Event) -> None:
+    if await client_left(request):
+        cancelled.set()
 
 
 @router.get("/v1/documents")

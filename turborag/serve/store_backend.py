@@ -19,11 +19,31 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import threading
 import uuid
 from pathlib import Path
 
 from turborag.core.engine import Engine
+from turborag.rag.ingest import Progress
 from turborag.serve.errors import APIError
+
+
+class UploadCancelled(Exception):
+    """The client of an upload left; its ingest stops (StoreBackend.add)."""
+
+
+class _Cancellable(Progress):
+    """Ingest progress that stops the ingest once `cancelled` is set (checked at every batch of caches)."""
+
+    def __init__(self, cancelled: threading.Event):
+        self.cancelled = cancelled
+
+    def check(self) -> None:
+        if self.cancelled.is_set():
+            raise UploadCancelled
+
+    def advance(self, chunks: int, tokens: int) -> None:
+        self.check()
 
 
 def api_id(doc_id: str) -> str:
@@ -141,10 +161,15 @@ class StoreBackend:
 
     # -- documents ---------------------------------------------------------------------------------
 
-    def add(self, name: str, data: bytes, collection: str = "default") -> dict:
+    def add(
+        self, name: str, data: bytes, collection: str = "default", cancelled: threading.Event | None = None
+    ) -> dict:
         """Write the upload under a fresh server-chosen folder and ingest it into `collection`. The counts
         returned are the catalog's (the same as the list shows), whether or not its caches were computed
-        now or were already there (the same text in another collection)."""
+        now or were already there (the same text in another collection).
+
+        `cancelled` (its client left) stops the ingest at its next batch of caches and takes back what it
+        added: the upload's documents, their caches that nothing else uses, its folder (499)."""
         from turborag.rag.chunker import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP, Chunker
         from turborag.rag.ingest import Ingestor, StoreWriteError
 
@@ -159,8 +184,14 @@ class StoreBackend:
         chunker = Chunker(
             self.engine.lm.tokenizer, size, int(meta.get("chunk_overlap", min(DEFAULT_OVERLAP, size // 2)))
         )
+        watch = _Cancellable(cancelled or threading.Event())
         try:
-            res = Ingestor(self.engine, view, self._embedder, chunker).run([folder])
+            watch.check()
+            res = Ingestor(self.engine, view, self._embedder, chunker, progress=watch).run([folder])
+        except UploadCancelled:
+            self.delete(doc, collection)  # the groups committed before the client left
+            shutil.rmtree(folder, ignore_errors=True)
+            raise APIError(499, "client closed the request", code="client_disconnected") from None
         except StoreWriteError:
             shutil.rmtree(folder, ignore_errors=True)
             raise APIError(
