@@ -472,3 +472,46 @@ def test_an_upload_whose_client_left_is_taken_back(tmp_path, tiny_model_dir, mon
     assert docs.list() == before_docs
     assert set(docs.engine.store.keys()) == before_caches
     assert not any((store / "uploads").iterdir())
+
+
+def test_a_key_has_at_most_max_uploads_per_key_in_progress(tmp_path, tiny_model_dir, monkeypatch):
+    """With one upload slot per key, a second upload while the first is being ingested gets 429 with
+    Retry-After; once the first is done, uploads are taken again."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from typer.testing import CliRunner
+
+    from turborag.bench.serve import ServedApp
+    from turborag.cli import app as cli
+    from turborag.cli.serve import serve_backend
+    from turborag.serve import create_app
+
+    monkeypatch.setenv("TURBORAG_HOME", str(tmp_path / "home"))
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text("The harbour master rings a brass bell at six.\n")
+    store = tmp_path / "store"
+    args = ["ingest", str(tmp_path / "docs"), "--store", str(store), "--model", tiny_model_dir]
+    assert CliRunner().invoke(cli, args).exit_code == 0
+    backend = serve_backend(store, None, "cpu", 8)
+    entered, release = threading.Event(), threading.Event()
+    add = backend.documents.add
+
+    def slow_add(*a, **kw):  # the first upload holds its slot until released
+        entered.set()
+        release.wait(30)
+        return add(*a, **kw)
+
+    monkeypatch.setattr(backend.documents, "add", slow_add)
+    with ServedApp(create_app(backend, max_uploads_per_key=1)) as srv:
+        doc = {"name": "b.txt", "text": "The lighthouse is painted red and white."}
+        with ThreadPoolExecutor(1) as pool:
+            first = pool.submit(httpx.post, srv.url + "/v1/documents", json=doc, timeout=60)
+            assert entered.wait(30)
+            second = httpx.post(srv.url + "/v1/documents", json={**doc, "name": "c.txt"}, timeout=60)
+            assert second.status_code == 429 and second.headers["retry-after"] == "5"
+            assert second.json()["error"]["code"] == "too_many_uploads"
+            release.set()
+            assert first.result().status_code == 201
+        third = httpx.post(srv.url + "/v1/documents", json={**doc, "name": "d.txt"}, timeout=60)
+        assert third.status_code == 201

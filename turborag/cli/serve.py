@@ -79,6 +79,9 @@ def serve(
         min=1,
         help="a prompt's tokens at most: a completion's, a plain chat's, a question with its contexts (400)",
     ),
+    max_uploads_per_key: int = typer.Option(
+        2, min=1, help="document uploads one key may have in progress at once (more: 429, Retry-After)"
+    ),
     read_only: bool = typer.Option(
         False,
         "--read-only",
@@ -131,6 +134,7 @@ def serve(
         hosts=hosts,
         max_question_tokens=max_question_tokens,
         max_prompt_tokens=max_prompt_tokens,
+        max_uploads_per_key=max_uploads_per_key,
     )
     where = f"store {backend.documents.root}" if backend.documents else "no store (no retrieval)"
     console.print(f"serving {backend.model_name} on http://{host}:{port}/v1 with {where}")

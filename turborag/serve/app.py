@@ -51,6 +51,7 @@ from turborag.serve.schemas import MAX_BODY_BYTES
 from turborag.serve.state import (
     DEFAULT_MAX_PROMPT_TOKENS,
     DEFAULT_MAX_QUESTION_TOKENS,
+    DEFAULT_MAX_UPLOADS_PER_KEY,
     Backend,
     ServerState,
 )
@@ -68,6 +69,7 @@ def create_app(
     hosts: HostPolicy | None = None,
     max_question_tokens: int = DEFAULT_MAX_QUESTION_TOKENS,
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
+    max_uploads_per_key: int = DEFAULT_MAX_UPLOADS_PER_KEY,
 ) -> FastAPI:
     """An app serving `backend`; it starts its own model worker thread, which decodes up to `max_batch`
     requests together and prefills at most about `prefill_budget` tokens between two decode steps.
@@ -75,7 +77,8 @@ def create_app(
     API is open. `metrics_key` guards `/metrics`. `hosts` are the Host headers answered (`turborag serve`
     passes its bind address and `--allowed-host` values); None answers any Host, for an app embedded or
     tested on its own. Cross-origin checks and security headers apply either way. A question may have at
-    most `max_question_tokens` tokens, a prompt `max_prompt_tokens` (400 beyond, before any model work)."""
+    most `max_question_tokens` tokens, a prompt `max_prompt_tokens` (400 beyond, before any model work);
+    a key may have `max_uploads_per_key` uploads in progress (429 beyond)."""
     app = FastAPI(title="turborag", docs_url=None, redoc_url=None)
     state = ServerState(
         backend,
@@ -88,6 +91,7 @@ def create_app(
         metrics_key,
         max_question_tokens,
         max_prompt_tokens,
+        max_uploads_per_key,
     )
     app.state.server = state
     # the same objects under their own names, for tests and benchmarks that watch (or patch) the worker

@@ -35,7 +35,8 @@ async def add_document(request: Request, state: StateDep):
     cancelled = threading.Event()  # set if the client leaves: the ingest stops and takes itself back
     watcher = asyncio.ensure_future(_set_when_gone(request, cancelled))
     try:
-        added = await state.call(lambda: docs.add(name, data, collection, cancelled))
+        with state.upload_slot(request):
+            added = await state.call(lambda: docs.add(name, data, collection, cancelled))
     finally:
         watcher.cancel()
     return JSONResponse(added, status_code=201)

@@ -7,6 +7,7 @@ instead of closing over locals of `create_app`, so each route lives in the modul
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -33,6 +34,7 @@ T = TypeVar("T")
 
 DEFAULT_MAX_QUESTION_TOKENS = 1024
 DEFAULT_MAX_PROMPT_TOKENS = 8192
+DEFAULT_MAX_UPLOADS_PER_KEY = 2
 # A text longer than this many characters per allowed token is refused before the tokenizer runs, which
 # takes seconds on megabytes. Prose has about 4 characters a token, code with runs of spaces more: twice that
 # leaves a margin, so that only a text that would be over its cap in tokens too is refused unread.
@@ -146,9 +148,14 @@ class ServerState:
         metrics_key: str | None = None,
         max_question_tokens: int = DEFAULT_MAX_QUESTION_TOKENS,
         max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
+        max_uploads_per_key: int = DEFAULT_MAX_UPLOADS_PER_KEY,
     ):
-        if max_question_tokens < 1 or max_prompt_tokens < 1:
-            raise ValueError("max_question_tokens and max_prompt_tokens must be at least 1")
+        if max_question_tokens < 1 or max_prompt_tokens < 1 or max_uploads_per_key < 1:
+            raise ValueError("max_question_tokens, max_prompt_tokens and max_uploads_per_key must be >= 1")
+        # Uploads in progress per key: an upload holds the model for its whole ingest, so one key sending
+        # many at once would take the server from everyone else (each is at most max_body_bytes).
+        self.max_uploads_per_key = max_uploads_per_key
+        self._uploads: dict[str, int] = {}
         engine = backend.engine
         if max_batch > 1:
             batch = DecodeBatch(engine.lm.model, engine.windows)
@@ -210,6 +217,25 @@ class ServerState:
         as an ingestion key, must not get the model's time through plain chat or completions)."""
         if not self.principal(request).read:
             raise forbidden("this API key has no read scope; using the model needs a key that may read")
+
+    @contextlib.contextmanager
+    def upload_slot(self, request: Request) -> Iterator[None]:
+        """Hold one of the request's key's `max_uploads_per_key` upload slots, or 429 with Retry-After.
+        Used on the event loop only, so the count needs no lock."""
+        who = self.prefix_partition(request) or "open"
+        if self._uploads.get(who, 0) >= self.max_uploads_per_key:
+            raise APIError(
+                429,
+                f"this key has {self.max_uploads_per_key} uploads in progress; retry when one is done",
+                "rate_limit_error",
+                "too_many_uploads",
+                headers={"Retry-After": "5"},
+            )
+        self._uploads[who] = self._uploads.get(who, 0) + 1
+        try:
+            yield
+        finally:
+            self._uploads[who] -= 1
 
     def prefix_partition(self, request: Request) -> str:
         """The prompt-cache partition of the request's key (its hash; "" on an open server, which has one
