@@ -263,3 +263,57 @@ def test_a_short_request_waits_one_forward_behind_a_long_full_prefill(tmp_path):
     order = [tag for tag, _ in forwards if tag in ("long", "short")]
     assert order.count("long") > 4  # the long prompt took several forwards
     assert order.index("short") <= 1  # the short one's prefill ran after at most one of them
+
+
+def test_over_http_a_short_request_is_not_held_behind_a_long_full_prefill(tmp_path):
+    """Through the server on loopback: a `full` request over many passages, prefilled in 16-token forwards
+    (slowed to 20 ms each so that it is still prefilling when the next request comes), and a short turbo
+    request sent while it runs: the short one's prefill runs after at most one more of the long one's
+    forwards, and it is answered before the long one."""
+    import time as _time
+
+    model, tok = make("gemma3"), char_tokenizer()
+    lm = LoadedModel(model, tok, "tiny-gemma3", fingerprint(model, tok), torch.device("cpu"), torch.float32)
+    engine = Engine(lm, KVStore(tmp_path / "kv", dtype="float32"), prefill_chunk=16)
+    events: list[str] = []
+    begin_steps = engine.begin_steps
+
+    def logged(question, passages, mode, params):
+        tag = "long" if mode == "full" else "short"
+        steps = begin_steps(question, passages, mode, params)
+        while True:
+            try:
+                n = next(steps)
+            except StopIteration as done:
+                events.append(f"{tag}-done")
+                return done.value
+            events.append(tag)
+            if tag == "long":
+                _time.sleep(0.02)
+            yield n
+
+    engine.begin_steps = logged
+    app = create_app(Backend(engine, "tiny-gemma3", default_max_tokens=4), max_batch=4, prefill_budget=16)
+    long_passages = [f"Passage {i} tells of the harbour town of Velmora and its boats." for i in range(6)]
+
+    def ask(srv, question, contexts, mode):
+        body = {
+            "model": "turborag",
+            "messages": [{"role": "user", "content": question}],
+            "max_tokens": 2,
+            "turborag": {"contexts": contexts, "mode": mode},
+        }
+        r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=120)
+        events.append(f"{mode}-answered")
+        return r.status_code
+
+    with ServedApp(app) as srv, ThreadPoolExecutor(2) as pool:
+        long = pool.submit(ask, srv, "What is Velmora?", long_passages, "full")
+        while events.count("long") < 3:  # the long prefill is under way
+            _time.sleep(0.005)
+        short = pool.submit(ask, srv, "Who?", ["Odrun Pask rings the bell."], "turbo")
+        assert long.result() == 200 and short.result() == 200
+    first_short = events.index("short")
+    assert events[first_short:].count("long") >= 5  # it did not wait for the long prefill to end
+    assert events.index("short-done") < events.index("long-done")
+    assert events.index("turbo-answered") < events.index("full-answered")
