@@ -274,13 +274,13 @@ def test_over_http_a_short_request_is_not_held_behind_a_long_full_prefill(tmp_pa
 
     model, tok = make("gemma3"), char_tokenizer()
     lm = LoadedModel(model, tok, "tiny-gemma3", fingerprint(model, tok), torch.device("cpu"), torch.float32)
-    engine = Engine(lm, KVStore(tmp_path / "kv", dtype="float32"), prefill_chunk=16)
+    engine = Engine(lm, KVStore(tmp_path / "kv", dtype="float32"))
     events: list[str] = []
     begin_steps = engine.begin_steps
 
-    def logged(question, passages, mode, params):
+    def logged(question, passages, mode, params, chunk):
         tag = "long" if mode == "full" else "short"
-        steps = begin_steps(question, passages, mode, params)
+        steps = begin_steps(question, passages, mode, params, chunk)
         while True:
             try:
                 n = next(steps)
@@ -293,7 +293,8 @@ def test_over_http_a_short_request_is_not_held_behind_a_long_full_prefill(tmp_pa
             yield n
 
     engine.begin_steps = logged
-    app = create_app(Backend(engine, "tiny-gemma3", default_max_tokens=4), max_batch=4, prefill_budget=16)
+    backend = Backend(engine, "tiny-gemma3", default_max_tokens=4)
+    app = create_app(backend, max_batch=4, prefill_budget=16, prefill_chunk=16)
     long_passages = [f"Passage {i} tells of the harbour town of Velmora and its boats." for i in range(6)]
 
     def ask(srv, question, contexts, mode):

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from turborag.core import ape, grounding, hf_compat, kv, recompute
-from turborag.core.defaults import DEFAULT_PREFILL_CHUNK, MODES, UNTUNED_MODE
+from turborag.core.defaults import MODES, UNTUNED_MODE
 from turborag.core.generate import DecodeState, SamplingParams, eos_ids
 from turborag.core.model import LoadedModel, layer_inv_freq, layer_windows
 from turborag.core.prefix_cache import PrefixCache
@@ -132,11 +132,13 @@ class Engine:
         ram_cache_bytes: int = 0,
         ape_temperature: float | None = None,
         ape_scale: float | None = None,
-        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        prefill_chunk: int | None = None,
     ):
-        if prefill_chunk < 1:
+        if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError("prefill_chunk must be at least 1")
-        self.prefill_chunk = prefill_chunk  # tokens a prefill forward takes at most (begin_steps)
+        # Tokens a prefill forward takes at most (begin_steps); None: the whole prompt in one forward, the
+        # fastest for a request alone (the server passes its own chunk, DEFAULT_PREFILL_CHUNK).
+        self.prefill_chunk = prefill_chunk
         # The training-free modes' settings: as given, else as `turborag calibrate` chose for this model,
         # else the defaults (recompute.py's, and the APE paper's).
         chosen = (lm.calibration or {}).get("settings", {})
@@ -318,10 +320,11 @@ class Engine:
         passages: Sequence[str],
         mode: str = "auto",
         params: SamplingParams | None = None,
+        chunk: int | None = None,
     ) -> Generator[int, None, DecodeState]:
-        """`begin` one forward at a time: yields the tokens of each prefill forward (at most `prefill_chunk`
-        a forward) and returns the sequence, so that a server can decode other requests, or drop a
-        cancelled one, between the forwards of a long prefill (chunked prefill)."""
+        """`begin` one forward at a time: yields the tokens of each prefill forward (at most `chunk`, else
+        `prefill_chunk`, a forward) and returns the sequence, so that a server can decode other requests, or
+        drop a cancelled one, between the forwards of a long prefill (chunked prefill)."""
         mode = self.resolve_mode(mode)
         params = params or self.qa_params()
         t0 = time.perf_counter()
@@ -333,10 +336,12 @@ class Engine:
         # same forward, its probability read off, and cut back out of the cache (reply_logprob).
         attention = None
         if mode == "full":
-            cache, logits, next_pos, cached, computed = yield from self._prefill_full(prompt, reserve, extra)
+            cache, logits, next_pos, cached, computed = yield from self._prefill_full(
+                prompt, reserve, extra, chunk
+            )
         else:
             cache, logits, next_pos, cached, computed, attention = yield from self._prefill_turbo(
-                prompt, mode, reserve + len(prompt.suffix), extra
+                prompt, mode, reserve + len(prompt.suffix), extra, chunk
             )
         forced, logp = None, None
         if self.abstain_threshold is not None:
@@ -379,7 +384,11 @@ class Engine:
         return drain(self.begin_prompt_steps(prompt_ids, params, partition))
 
     def begin_prompt_steps(
-        self, prompt_ids: list[int], params: SamplingParams | None = None, partition: str = ""
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams | None = None,
+        partition: str = "",
+        chunk: int | None = None,
     ) -> Generator[int, None, DecodeState]:
         """`begin_prompt` one prefill forward at a time, as `begin_steps`."""
         params = params or SamplingParams()
@@ -394,7 +403,7 @@ class Engine:
             cache, _ = kv.assemble_into(hit, [], self.inv_freq, "reordered", dev, dtype, reserve)
         else:
             cache = hf_compat.buffered_cache(self.lm.config.num_hidden_layers, reserve=reserve)
-        logits = yield from self._feed_steps(cache, prompt_ids[n:], n, 1)  # (1, vocab)
+        logits = yield from self._feed_steps(cache, prompt_ids[n:], n, 1, chunk=chunk)  # (1, vocab)
         self.prefix_cache.insert(prompt_ids, hf_compat.cache_layers(cache), partition)
         n_ids = len(prompt_ids)
         return self._sequence(cache, logits[-1], n_ids, params, t0, "prompt", n_ids, n, 0)
@@ -477,20 +486,22 @@ class Engine:
             attention,
         )
 
-    def _prefill_full(self, prompt: Prompt, reserve: int, extra: list[int]):
+    def _prefill_full(self, prompt: Prompt, reserve: int, extra: list[int], chunk: int | None = None):
         """Standard RAG: everything from scratch, positions 0..len-1, then `extra` tokens. Returns the logits
         of the prompt's last token and of each extra token (1 + len(extra), vocab)."""
         cache = hf_compat.buffered_cache(self.lm.config.num_hidden_layers, reserve=reserve + len(extra))
-        logits = yield from self._feed_steps(cache, prompt.ids + extra, 0, 1 + len(extra))
+        logits = yield from self._feed_steps(cache, prompt.ids + extra, 0, 1 + len(extra), chunk=chunk)
         return cache, logits, len(prompt.ids), 0, 0
 
-    def _prefill_turbo(self, prompt: Prompt, mode: str, reserve: int, extra: list[int]):
+    def _prefill_turbo(
+        self, prompt: Prompt, mode: str, reserve: int, extra: list[int], chunk: int | None = None
+    ):
         """Load and assemble the chunk caches, then prefill only the question (and `extra` tokens). Returns
         the ApeContext the sequence decodes with too (None but in the APE modes)."""
         cache, next_pos, cached, computed = self.assemble(prompt, mode, reserve + len(extra))
         attention = self.ape_context(cache, prompt) if mode.startswith("turbo-ape") else None
         ids = prompt.suffix + extra
-        logits = yield from self._feed_steps(cache, ids, next_pos, 1 + len(extra), attention)
+        logits = yield from self._feed_steps(cache, ids, next_pos, 1 + len(extra), attention, chunk)
         return cache, logits, next_pos + len(prompt.suffix), cached, computed, attention
 
     def ape_context(self, cache, prompt: Prompt) -> ape.ApeContext:
@@ -561,12 +572,19 @@ class Engine:
         return drain(self._feed_steps(cache, ids, start, keep, attention))
 
     def _feed_steps(
-        self, cache, ids: list[int], start: int, keep: int, attention: ape.ApeContext | None = None
+        self,
+        cache,
+        ids: list[int],
+        start: int,
+        keep: int,
+        attention: ape.ApeContext | None = None,
+        chunk: int | None = None,
     ) -> Generator[int, None, torch.Tensor]:
-        """`_feed` in forwards of at most `prefill_chunk` tokens (but the last holds the `keep` tokens whose
-        logits are wanted, whatever their number), yielding each forward's token count. Each forward sees
-        the cache the ones before it wrote, so the result is one forward's, to float rounding (tested)."""
-        chunk, cut = self.prefill_chunk, max(0, len(ids) - keep)
+        """`_feed` in forwards of at most `chunk` (else `prefill_chunk`, else all) tokens, the last holding
+        the `keep` tokens whose logits are wanted, whatever their number; yields each forward's token count.
+        Each forward sees the cache the ones before it wrote: the result is one forward's, to float rounding
+        (tested)."""
+        chunk, cut = chunk or self.prefill_chunk or max(1, len(ids)), max(0, len(ids) - keep)
         pieces = [ids[i : min(i + chunk, cut)] for i in range(0, cut, chunk)]
         tail = ids[cut:]
         if pieces and len(pieces[-1]) + len(tail) <= chunk:

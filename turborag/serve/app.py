@@ -36,7 +36,7 @@ from collections.abc import Callable
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException
 
-from turborag.core.defaults import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_BUDGET
+from turborag.core.defaults import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_BUDGET, DEFAULT_PREFILL_CHUNK
 from turborag.serve import (
     collections_routes,
     documents_routes,
@@ -70,6 +70,7 @@ def create_app(
     max_question_tokens: int = DEFAULT_MAX_QUESTION_TOKENS,
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
     max_uploads_per_key: int = DEFAULT_MAX_UPLOADS_PER_KEY,
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
 ) -> FastAPI:
     """An app serving `backend`; it starts its own model worker thread, which decodes up to `max_batch`
     requests together and prefills at most about `prefill_budget` tokens between two decode steps.
@@ -78,7 +79,8 @@ def create_app(
     passes its bind address and `--allowed-host` values); None answers any Host, for an app embedded or
     tested on its own. Cross-origin checks and security headers apply either way. A question may have at
     most `max_question_tokens` tokens, a prompt `max_prompt_tokens` (400 beyond, before any model work);
-    a key may have `max_uploads_per_key` uploads in progress (429 beyond)."""
+    a key may have `max_uploads_per_key` uploads in progress (429 beyond); prompts are prefilled in forwards
+    of at most `prefill_chunk` tokens, between decode steps."""
     app = FastAPI(title="turborag", docs_url=None, redoc_url=None)
     state = ServerState(
         backend,
@@ -92,6 +94,7 @@ def create_app(
         max_question_tokens,
         max_prompt_tokens,
         max_uploads_per_key,
+        prefill_chunk,
     )
     app.state.server = state
     # the same objects under their own names, for tests and benchmarks that watch (or patch) the worker

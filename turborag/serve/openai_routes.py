@@ -91,7 +91,7 @@ async def answer_prompt(
     prefill chunked (the worker runs its forwards between other requests' decode steps)."""
     engine, partition = state.engine, state.prefix_partition(request)
     started = await state.start(
-        begin=lambda: engine.begin_prompt_steps(ids, params, partition), request=request
+        begin=lambda: engine.begin_prompt_steps(ids, params, partition, state.prefill_chunk), request=request
     )
     return await respond(state, started, kind, req, {"chunks": []} if kind == "chat" else {}, request)
 
@@ -117,7 +117,7 @@ async def answer_from_passages(state: ServerState, req: ChatRequest, question: s
             passages = [h.text for h in hits]
             # with each chunk's text, so that a client (the web page) can show what the answer read
             chunk_refs.extend({**backend.retriever.chunk_ref(h), "text": h.text} for h in hits)
-        return (yield from engine.begin_steps(question, passages, opts.mode, params))
+        return (yield from engine.begin_steps(question, passages, opts.mode, params, state.prefill_chunk))
 
     started = await state.start(begin=begin, request=request)
     extra = {"chunks": chunk_refs}  # filled before the first token

@@ -10,7 +10,7 @@ time (Orca's iteration-level scheduling):
 
 1. admit: take queued jobs while fewer than `max_batch` sequences run or prefill;
 2. prefill (chunked): a generation whose `begin` returns a step generator (Engine.begin_steps) is
-   prefilled one forward of at most the engine's `prefill_chunk` tokens at a time, first come first
+   prefilled one forward of at most the server's `prefill_chunk` tokens at a time, first come first
    served, until the iteration has prefilled `prefill_budget` tokens; a sequence whose prefill is done
    picks its first token at once and joins the running ones. So a long prompt (a `full` request, a long
    question) never stalls the running decodes for more than about one budget of prefill, and a request
