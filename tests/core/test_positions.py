@@ -158,3 +158,21 @@ def test_buffered_serving_assembly_equals_plain(gemma_lm, positions):
     half = len(outs) // 2
     for a, b in zip(outs[:half], outs[half:]):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "src,dst",
+    [(torch.float32, torch.float32), (torch.float16, torch.float32), (torch.bfloat16, torch.bfloat16)],
+)
+def test_rotate_into_a_buffer_equals_rotate_keys(src, dst):
+    """Serving assembly rotates a stored chunk's keys straight into the cache buffer (kv.rotate_into), in
+    the compute dtype: the same keys as the training path's rotate_keys on the keys cast first."""
+    torch.manual_seed(0)
+    k = torch.randn(1, 2, 7, 16).to(src)  # (L, H, T, D)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, 16, 2, dtype=torch.float64) / 16))[None]  # (L, D/2)
+    want = kv.rotate_keys(k.to(dst), 1234, inv_freq)[0]  # (H, T, D)
+    cos, sin = kv.rotation(1234, inv_freq, dst)
+    out = torch.full((2, 9, 16), float("nan"), dtype=dst)[:, 1:8]  # a view inside a larger buffer
+    kv.rotate_into(out, k[0], cos[0, 0], sin[0, 0])
+    tol = 1e-6 if dst == torch.float32 else 2e-2
+    assert (out.float() - want.float()).abs().max().item() < tol

@@ -278,19 +278,19 @@ def test_over_http_a_short_request_is_not_held_behind_a_long_full_prefill(tmp_pa
     events: list[str] = []
     begin_steps = engine.begin_steps
 
-    def logged(question, passages, mode, params, chunk):
+    def logged(question, passages, mode, params, chunk, defer=False):
         tag = "long" if mode == "full" else "short"
-        steps = begin_steps(question, passages, mode, params, chunk)
+        steps, sent = begin_steps(question, passages, mode, params, chunk, defer), None
         while True:
             try:
-                n = next(steps)
+                step = steps.send(sent)
             except StopIteration as done:
                 events.append(f"{tag}-done")
                 return done.value
             events.append(tag)
             if tag == "long":
                 _time.sleep(0.02)
-            yield n
+            sent = yield step  # a deferred forward's logits, from the worker
 
     engine.begin_steps = logged
     backend = Backend(engine, "tiny-gemma3", default_max_tokens=4)
@@ -318,3 +318,51 @@ def test_over_http_a_short_request_is_not_held_behind_a_long_full_prefill(tmp_pa
     assert events[first_short:].count("long") >= 5  # it did not wait for the long prefill to end
     assert events.index("short-done") < events.index("long-done")
     assert events.index("turbo-answered") < events.index("full-answered")
+
+
+def test_questions_admitted_together_share_one_prefill_forward(tmp_path):
+    """Four turbo requests queued at once on a worker with batched prefill (the server's setup): their
+    questions are prefilled in one forward, and every answer is the one it gets alone."""
+    import functools
+
+    from turborag.core.batch import DecodeBatch
+    from turborag.core.feeds import feed_together
+
+    model, tok = make("gemma3"), char_tokenizer()
+    lm = LoadedModel(model, tok, "tiny-gemma3", fingerprint(model, tok), torch.device("cpu"), torch.float32)
+    engine = Engine(lm, KVStore(tmp_path / "kv", dtype="float32"))
+    engine.stop_ids = set()
+    params = SamplingParams(max_new_tokens=6)
+    boats = "The harbour of Velmora has boats. "
+    asks = [(f"Who rings bell {i}?", [f"Odrun Pask rings bell {i}.", boats * (i + 1)]) for i in range(4)]
+    alone = [engine.answer(q, p, "turbo", params).token_ids for q, p in asks]
+    gate = threading.Event()
+
+    async def main():
+        batch = DecodeBatch(engine.lm.model, engine.windows)
+        worker = ModelWorker(
+            max_queue=8,
+            step=batch.step,
+            max_batch=8,
+            on_idle=batch.clear,
+            feed_together=functools.partial(feed_together, windows=engine.windows),
+        )
+
+        def begin_of(q, p):
+            def begin():
+                gate.wait(10)
+                return (yield from engine.begin_steps(q, p, "turbo", params, defer=True))
+
+            return begin
+
+        jobs = [worker.submit(Generation(begin_of(q, p))) for q, p in asks]
+        gate.set()
+        out = []
+        for job in jobs:
+            items = [item async for item in job.items()]
+            out.append(items[-1].token_ids)
+        return out, worker
+
+    answers, worker = asyncio.run(main())
+    assert answers == alone
+    assert worker.prefill_feeds == 4 and worker.prefill_forwards == 1

@@ -351,6 +351,13 @@ def test_bench_serve_small(tiny_model_dir, tmp_path, monkeypatch):
     assert (
         out["load"]["requests"] == 4 and out["load"]["errors"] == 0 and out["load"]["queue_depth_after"] == 0
     )
+    # the mixed load (default: a quarter in full mode): one of the 4 requests is a full prefill
+    for mixed in (out["mixed"], out["mixed_max_batch_1"]):
+        assert mixed["requests"] == 4 and mixed["errors"] == 0 and mixed["full_share"] == 0.25
+        assert mixed["full_ttft_p50_s"] is not None and mixed["turbo_ttft_p50_s"] is not None
+        assert mixed["longest_prefill_tokens"] > 0 and mixed["longest_iteration_s"] > 0
+    assert out["load"]["full_ttft_p50_s"] is None  # turbo only
+    assert out["ratios"]["mixed_turbo_ttft_p99_vs_turbo_only"] > 0
     rows = out["agent"]["rows"]
     reuse = [x["cached_tokens"] for x in rows if x["reuse"]]
     assert reuse[0] == 0 and all(c >= 192 for c in reuse[1:])  # the system prompt's blocks are reused

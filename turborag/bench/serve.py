@@ -102,9 +102,13 @@ def bench_load(
     passages: int = 5,
     max_batch: int = DEFAULT_MAX_BATCH,
     min_tokens: int = 0,
+    full_share: float = 0.0,
 ) -> dict:
     """`clients` threads each stream `rounds` chat requests at a server decoding up to `max_batch` at once;
-    with `min_tokens`, no answer ends before that many tokens (vLLM's request field of that name)."""
+    with `min_tokens`, no answer ends before that many tokens (vLLM's request field of that name). With
+    `full_share`, that share of the requests (every n-th) asks for `full` mode, a prefill of every passage,
+    the others `turbo`; TTFT is reported for each mode apart, and the server's heaviest iteration."""
+    every = round(1 / full_share) if full_share > 0 else 0
     text = doc_text()
     contexts = [text[i * 600 : (i + 1) * 600] for i in range(passages)]
     app = create_app(backend, max_queue=max(64, clients * 2), max_batch=max_batch)
@@ -124,17 +128,18 @@ def bench_load(
             out = []
             for r in range(rounds):
                 msg = [{"role": "user", "content": f"Question {i}.{r}: what does the assert statement do?"}]
+                mode = "full" if every and (i * rounds + r) % every == 0 else "turbo"
+                body = {"turborag": {"contexts": contexts, "mode": mode}, "min_tokens": min_tokens}
                 try:
-                    out.append(
-                        _stream_ttft(
-                            client,
-                            gaps,
-                            model="turborag",
-                            messages=msg,
-                            max_tokens=max_tokens,
-                            extra_body={"turborag": {"contexts": contexts}, "min_tokens": min_tokens},
-                        )
+                    got = _stream_ttft(
+                        client,
+                        gaps,
+                        model="turborag",
+                        messages=msg,
+                        max_tokens=max_tokens,
+                        extra_body=body,
                     )
+                    out.append((*got, mode))
                 except Exception as e:  # counted, not raised: the bench reports errors
                     out.append(e)
             return out
@@ -145,7 +150,9 @@ def bench_load(
         wall = time.perf_counter() - t0
         ok = [r for r in results if not isinstance(r, Exception)]
         ttfts = sorted(r[0] for r in ok)
-        depth = app.state.worker.depth
+        per_mode = {m: [r[0] for r in ok if r[3] == m] for m in ("turbo", "full")}
+        worker = app.state.worker
+        depth = worker.depth
     return {
         "clients": clients,
         "max_batch": max_batch,
@@ -158,6 +165,14 @@ def bench_load(
         "tokens_per_s": sum(r[1] for r in ok) / wall,
         "ttft_p50_s": _percentile(ttfts, 0.5),
         "ttft_p99_s": _percentile(ttfts, 0.99),
+        "full_share": full_share,
+        "turbo_ttft_p50_s": _percentile(per_mode["turbo"], 0.5),
+        "turbo_ttft_p99_s": _percentile(per_mode["turbo"], 0.99),
+        "full_ttft_p50_s": _percentile(per_mode["full"], 0.5),
+        "full_ttft_p99_s": _percentile(per_mode["full"], 0.99),
+        "longest_prefill_tokens": worker.longest_prefill_tokens,
+        "longest_iteration_s": worker.longest_iteration_s,
+        "prefill_feeds_per_forward": worker.prefill_feeds / max(1, worker.prefill_forwards),
         "itl_p50_s": _percentile(gaps, 0.5),
         "itl_p99_s": _percentile(gaps, 0.99),
         "queue_depth_after": depth,

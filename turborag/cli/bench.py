@@ -248,6 +248,13 @@ def bench_serve_cmd(
     max_batch: int = typer.Option(
         DEFAULT_MAX_BATCH, min=2, help="continuous batching width, measured against --max-batch 1"
     ),
+    full_share: float = typer.Option(
+        0.25,
+        min=0.0,
+        max=1.0,
+        help="also a mixed load: this share of the requests in `full` mode (a prefill of every passage), "
+        "TTFT of turbo and full requests reported apart; 0 = turbo only",
+    ),
     steps: int = typer.Option(10, min=1, max=50, help="agent conversation steps"),
     system_tokens: int = typer.Option(1000, min=16, help="agent system prompt tokens"),
     model: str = ModelOpt,
@@ -257,7 +264,7 @@ def bench_serve_cmd(
     plot: Path = PlotOpt,
 ) -> None:
     """HTTP server under concurrent streaming load, one request at a time vs continuous batching (one run),
-    and prompt caching on an agent-style conversation."""
+    turbo only and mixed with full requests, and prompt caching on an agent-style conversation."""
     from turborag.bench.plots import plot_serve
     from turborag.bench.serve import bench_agent, bench_load
     from turborag.cli.serve import serve_backend
@@ -268,6 +275,18 @@ def bench_serve_cmd(
     backend = serve_backend(None, model, device, 8, use_store=False, dtype=dtype)
     alone = bench_load(backend, clients, rounds, max_tokens, max_batch=1, min_tokens=min_tokens)
     load = bench_load(backend, clients, rounds, max_tokens, max_batch=max_batch, min_tokens=min_tokens)
+    mixed = {}
+    if full_share > 0:
+        for width in (1, max_batch):
+            mixed[width] = bench_load(
+                backend,
+                clients,
+                rounds,
+                max_tokens,
+                max_batch=width,
+                min_tokens=min_tokens,
+                full_share=full_share,
+            )
     agent = bench_agent(backend, steps, system_tokens)
     ratios = {
         name: (load[key] / alone[key] if alone[key] else None)
@@ -277,7 +296,15 @@ def bench_serve_cmd(
             ("ttft_p99", "ttft_p99_s"),
         )
     }
+    if mixed:
+        # what a quarter of long prefills does to the turbo requests' tail, batched
+        turbo_p99 = load["turbo_ttft_p99_s"]
+        ratios["mixed_turbo_ttft_p99_vs_turbo_only"] = (
+            mixed[max_batch]["turbo_ttft_p99_s"] / turbo_p99 if turbo_p99 else None
+        )
     out = {"model": model, "device": device, "load": load, "load_max_batch_1": alone, "ratios": ratios}
+    if mixed:
+        out["mixed"], out["mixed_max_batch_1"] = mixed[max_batch], mixed[1]
     out["agent"] = agent  # last, as before
     if as_json:
         typer.echo(json.dumps(out))
@@ -287,11 +314,17 @@ def bench_serve_cmd(
         f"answers of {min_tokens}-{max_tokens} tokens" if min_tokens else f"answers up to {max_tokens} tokens"
     )
     t = Table(title=f"load: {clients} concurrent streaming clients x {rounds}, {length}, {model} on {device}")
-    columns = ["max batch", "requests", "errors", "requests/s", "tokens/s", "TTFT p50 (s)", "TTFT p99 (s)"]
-    for col in [*columns, "ITL p50 (s)", "ITL p99 (s)", "queue after"]:
+    columns = ["load", "max batch", "requests", "errors", "requests/s", "tokens/s", "TTFT p50 (s)"]
+    columns += ["TTFT p99 (s)", "turbo / full TTFT p99 (s)", "ITL p50 (s)", "ITL p99 (s)"]
+    for col in [*columns, "longest iteration (s, tokens)", "queue after"]:
         t.add_column(col, justify="right")
-    for row in (alone, load):
+
+    def seconds(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f}"
+
+    for row in (alone, load, *([mixed[1], mixed[max_batch]] if mixed else [])):
         t.add_row(
+            f"{row['full_share']:.0%} full" if row["full_share"] else "turbo",
             str(row["max_batch"]),
             str(row["requests"]),
             str(row["errors"]),
@@ -299,8 +332,10 @@ def bench_serve_cmd(
             f"{row['tokens_per_s']:.1f}",
             f"{row['ttft_p50_s']:.3f}",
             f"{row['ttft_p99_s']:.3f}",
+            f"{seconds(row['turbo_ttft_p99_s'])} / {seconds(row['full_ttft_p99_s'])}",
             f"{row['itl_p50_s'] or 0:.3f}",
             f"{row['itl_p99_s'] or 0:.3f}",
+            f"{row['longest_iteration_s']:.2f}, {row['longest_prefill_tokens']}",
             str(row["queue_depth_after"]),
         )
     stdout().print(t)
@@ -308,6 +343,11 @@ def bench_serve_cmd(
     stdout().print(
         f"batching vs one at a time: {shown['requests_per_s']} requests/s, "
         f"{shown['tokens_per_s']} tokens/s, TTFT p99 {shown['ttft_p99']}"
+        + (
+            f"; mixed load: turbo TTFT p99 {shown['mixed_turbo_ttft_p99_vs_turbo_only']} of turbo-only"
+            if mixed
+            else ""
+        )
     )
     t = Table(
         title=f"agent: {steps} steps, {system_tokens}-token system prompt, TTFT with/without prompt caching"

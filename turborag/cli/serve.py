@@ -68,8 +68,11 @@ def serve(
     ),
     prefill_budget: int = typer.Option(
         DEFAULT_PREFILL_BUDGET,
+        "--max-batch-tokens",
+        "--prefill-budget",
         min=1,
-        help="prompt tokens prefilled between two decode steps (how long new requests may stall others)",
+        help="prompt tokens prefilled between two decode steps, padding of batched prefills counted (how "
+        "long new requests may stall the running ones)",
     ),
     max_question_tokens: int = typer.Option(
         1024, min=1, help="a question's tokens at most (longer: 400, before any model work)"

@@ -29,6 +29,7 @@ import torch
 
 from turborag.core import ape, grounding, hf_compat, kv, recompute
 from turborag.core.defaults import MODES, UNTUNED_MODE
+from turborag.core.feeds import Feed
 from turborag.core.generate import DecodeState, SamplingParams, eos_ids
 from turborag.core.model import LoadedModel, layer_inv_freq, layer_windows
 from turborag.core.prefix_cache import PrefixCache
@@ -93,12 +94,15 @@ def check_mode(mode: str) -> str:
 
 
 def drain(steps: Generator):
-    """Run a step generator (begin_steps, _feed_steps) to its end; its return value."""
+    """Run a step generator (begin_steps, _feed_steps) to its end, each deferred Feed alone; its return
+    value."""
+    sent = None
     while True:
         try:
-            next(steps)
+            step = steps.send(sent)
         except StopIteration as done:
             return done.value
+        sent = step.run() if isinstance(step, Feed) else None
 
 
 def reply_logprob(logits: torch.Tensor, reply: list[int]) -> float:
@@ -321,10 +325,15 @@ class Engine:
         mode: str = "auto",
         params: SamplingParams | None = None,
         chunk: int | None = None,
-    ) -> Generator[int, None, DecodeState]:
+        defer: bool = False,
+    ) -> Generator[int | Feed, torch.Tensor | None, DecodeState]:
         """`begin` one forward at a time: yields the tokens of each prefill forward (at most `chunk`, else
         `prefill_chunk`, a forward) and returns the sequence, so that a server can decode other requests, or
-        drop a cancelled one, between the forwards of a long prefill (chunked prefill)."""
+        drop a cancelled one, between the forwards of a long prefill (chunked prefill).
+
+        With `defer`, each forward is yielded as a `Feed` instead of run, and its logits are sent back
+        (`steps.send(logits)`): a server then runs the feeds of several requests in one forward
+        (core/feeds.py)."""
         mode = self.resolve_mode(mode)
         params = params or self.qa_params()
         t0 = time.perf_counter()
@@ -337,11 +346,11 @@ class Engine:
         attention = None
         if mode == "full":
             cache, logits, next_pos, cached, computed = yield from self._prefill_full(
-                prompt, reserve, extra, chunk
+                prompt, reserve, extra, chunk, defer
             )
         else:
             cache, logits, next_pos, cached, computed, attention = yield from self._prefill_turbo(
-                prompt, mode, reserve + len(prompt.suffix), extra, chunk
+                prompt, mode, reserve + len(prompt.suffix), extra, chunk, defer
             )
         forced, logp = None, None
         if self.abstain_threshold is not None:
@@ -389,8 +398,9 @@ class Engine:
         params: SamplingParams | None = None,
         partition: str = "",
         chunk: int | None = None,
-    ) -> Generator[int, None, DecodeState]:
-        """`begin_prompt` one prefill forward at a time, as `begin_steps`."""
+        defer: bool = False,
+    ) -> Generator[int | Feed, torch.Tensor | None, DecodeState]:
+        """`begin_prompt` one prefill forward at a time, as `begin_steps` (`defer` too)."""
         params = params or SamplingParams()
         t0 = time.perf_counter()
         if not prompt_ids:
@@ -403,7 +413,7 @@ class Engine:
             cache, _ = kv.assemble_into(hit, [], self.inv_freq, "reordered", dev, dtype, reserve)
         else:
             cache = hf_compat.buffered_cache(self.lm.config.num_hidden_layers, reserve=reserve)
-        logits = yield from self._feed_steps(cache, prompt_ids[n:], n, 1, chunk=chunk)  # (1, vocab)
+        logits = yield from self._feed_steps(cache, prompt_ids[n:], n, 1, chunk=chunk, defer=defer)  # (1, V)
         self.prefix_cache.insert(prompt_ids, hf_compat.cache_layers(cache), partition)
         n_ids = len(prompt_ids)
         return self._sequence(cache, logits[-1], n_ids, params, t0, "prompt", n_ids, n, 0)
@@ -486,22 +496,32 @@ class Engine:
             attention,
         )
 
-    def _prefill_full(self, prompt: Prompt, reserve: int, extra: list[int], chunk: int | None = None):
+    def _prefill_full(
+        self, prompt: Prompt, reserve: int, extra: list[int], chunk: int | None = None, defer: bool = False
+    ):
         """Standard RAG: everything from scratch, positions 0..len-1, then `extra` tokens. Returns the logits
         of the prompt's last token and of each extra token (1 + len(extra), vocab)."""
         cache = hf_compat.buffered_cache(self.lm.config.num_hidden_layers, reserve=reserve + len(extra))
-        logits = yield from self._feed_steps(cache, prompt.ids + extra, 0, 1 + len(extra), chunk=chunk)
+        logits = yield from self._feed_steps(
+            cache, prompt.ids + extra, 0, 1 + len(extra), chunk=chunk, defer=defer
+        )
         return cache, logits, len(prompt.ids), 0, 0
 
     def _prefill_turbo(
-        self, prompt: Prompt, mode: str, reserve: int, extra: list[int], chunk: int | None = None
+        self,
+        prompt: Prompt,
+        mode: str,
+        reserve: int,
+        extra: list[int],
+        chunk: int | None = None,
+        defer: bool = False,
     ):
         """Load and assemble the chunk caches, then prefill only the question (and `extra` tokens). Returns
         the ApeContext the sequence decodes with too (None but in the APE modes)."""
         cache, next_pos, cached, computed = self.assemble(prompt, mode, reserve + len(extra))
         attention = self.ape_context(cache, prompt) if mode.startswith("turbo-ape") else None
         ids = prompt.suffix + extra
-        logits = yield from self._feed_steps(cache, ids, next_pos, 1 + len(extra), attention, chunk)
+        logits = yield from self._feed_steps(cache, ids, next_pos, 1 + len(extra), attention, chunk, defer)
         return cache, logits, next_pos + len(prompt.suffix), cached, computed, attention
 
     def ape_context(self, cache, prompt: Prompt) -> ape.ApeContext:
@@ -579,11 +599,12 @@ class Engine:
         keep: int,
         attention: ape.ApeContext | None = None,
         chunk: int | None = None,
-    ) -> Generator[int, None, torch.Tensor]:
+        defer: bool = False,
+    ) -> Generator[int | Feed, torch.Tensor | None, torch.Tensor]:
         """`_feed` in forwards of at most `chunk` (else `prefill_chunk`, else all) tokens, the last holding
-        the `keep` tokens whose logits are wanted, whatever their number; yields each forward's token count.
-        Each forward sees the cache the ones before it wrote: the result is one forward's, to float rounding
-        (tested)."""
+        the `keep` tokens whose logits are wanted, whatever their number; yields each forward's token count
+        (with `defer`: the forward itself, as a Feed whose logits are sent back). Each forward sees the cache
+        the ones before it wrote: the result is one forward's, to float rounding (tested)."""
         chunk, cut = chunk or self.prefill_chunk or max(1, len(ids)), max(0, len(ids) - keep)
         pieces = [ids[i : min(i + chunk, cut)] for i in range(0, cut, chunk)]
         tail = ids[cut:]
@@ -593,20 +614,14 @@ class Engine:
             pieces.append(tail)
         for n, piece in enumerate(pieces):
             last = n == len(pieces) - 1
-            logits = self._forward(cache, piece, start, keep if last else 1, attention)
+            feed = Feed(self.lm.model, cache, piece, start, keep if last else 1, attention)
+            if defer:
+                logits = yield feed
+            else:
+                logits = feed.run()
+                yield len(piece)
             start += len(piece)
-            yield len(piece)
         return logits
-
-    @torch.inference_mode()
-    def _forward(
-        self, cache, ids: list[int], start: int, keep: int, attention: ape.ApeContext | None
-    ) -> torch.Tensor:
-        """One forward of `ids` at positions start.. on top of `cache`; the last `keep` logits (keep, V)."""
-        x = torch.tensor([ids], device=self.lm.device)  # (1, T)
-        pos = torch.arange(start, start + len(ids), device=self.lm.device)[None]  # (1, T)
-        with self._attention(attention) as kwargs:
-            return hf_compat.forward(self.lm.model, x, pos, cache, logits_to_keep=keep, **kwargs)[0]
 
     def _recompute(self, cache, prompt: Prompt, positions: str, strategy: str) -> int:
         """Refresh a few context tokens in place (recompute.py: `strategy` epic or blend); how many."""

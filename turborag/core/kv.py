@@ -114,10 +114,19 @@ def precompute_chunks(
     return out  # type: ignore[return-value]
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """The HF/NeoX RoPE pairing: dimension j is paired with j + D/2."""
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def rotate_into(out: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """rotate_keys' rotation, written straight into `out` (a view of a cache
+    buffer, any dtype): no cast copy of k and no temporaries, which assembly of an 8k context would
+    otherwise allocate and copy for every chunk of every layer. k, out (H, t, D); cos, sin (1, D), whose
+    two halves are equal (rotation())."""
+    half = k.shape[-1] // 2
+    lo, hi = k[..., :half], k[..., half:]
+    c, s = cos[..., :half], sin[..., :half]
+    out_lo, out_hi = out[..., :half], out[..., half:]
+    torch.mul(lo, c, out=out_lo)
+    out_lo.addcmul_(hi, s, value=-1)  # lo cos - hi sin
+    torch.mul(hi, c, out=out_hi)
+    out_hi.addcmul_(lo, s)  # hi cos + lo sin
 
 
 def rotation(delta: int, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,7 +145,12 @@ def rotate_keys(k: torch.Tensor, delta: int, inv_freq: torch.Tensor) -> torch.Te
     if delta == 0:
         return k
     cos, sin = rotation(delta, inv_freq.to(k.device), k.dtype)  # (L, 1, 1, D)
-    return k * cos + rotate_half(k) * sin
+    # HF/NeoX RoPE pairs dimension j with j + D/2: k * cos + rotate_half(k) * sin, written per half in the
+    # very arithmetic of rotate_into (serving), so the training path's cache equals serving's bit for bit
+    half = k.shape[-1] // 2
+    lo, hi = k[..., :half], k[..., half:]
+    c, s = cos[..., :half], sin[..., :half]
+    return torch.cat((torch.addcmul(lo * c, hi, s, value=-1), torch.addcmul(hi * c, lo, s)), dim=-1)
 
 
 def layout(lengths: Sequence[int], prefix_len: int, positions: str = "reordered") -> tuple[list[int], int]:
@@ -234,12 +248,12 @@ def assemble_into(
             skip = max(0, start - begin)  # leading tokens of this part that the layer does not hold
             if skip < size:
                 k, v = part[i]  # (H, T, D)
-                k = _to_device(k[:, skip:], device).to(dtype)  # (H, t, D)
-                if turn is not None:
-                    cos, sin = turn[0][i, 0], turn[1][i, 0]  # (1, D)
-                    k = k * cos + rotate_half(k) * sin
                 dst = slice(begin + skip - start, begin + size - start)
-                k_buf[0, :, dst] = k
+                k = _to_device(k[:, skip:], device)  # (H, t, D), still in the stored dtype
+                if turn is None:
+                    k_buf[0, :, dst] = k  # cast on copy
+                else:
+                    rotate_into(k_buf[0, :, dst], k, turn[0][i, 0], turn[1][i, 0])
                 v_buf[0, :, dst] = _to_device(v[:, skip:], device)  # cast on copy
             begin += size
         layers.append((k_buf, v_buf, n - start, start, windows[i] is not None))

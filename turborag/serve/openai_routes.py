@@ -91,7 +91,8 @@ async def answer_prompt(
     prefill chunked (the worker runs its forwards between other requests' decode steps)."""
     engine, partition = state.engine, state.prefix_partition(request)
     started = await state.start(
-        begin=lambda: engine.begin_prompt_steps(ids, params, partition, state.prefill_chunk), request=request
+        begin=lambda: engine.begin_prompt_steps(ids, params, partition, state.prefill_chunk, defer=True),
+        request=request,
     )
     return await respond(state, started, kind, req, {"chunks": []} if kind == "chat" else {}, request)
 
@@ -107,7 +108,9 @@ async def answer_from_passages(state: ServerState, req: ChatRequest, question: s
         raise APIError(400, "turborag.contexts must hold non-empty passages", param="turborag.contexts")
     chunk_refs: list[dict] = []
 
-    def begin():  # a generator: the worker runs it one prefill forward at a time (Engine.begin_steps)
+    # a generator: the worker runs it one prefill forward at a time (Engine.begin_steps), the question's
+    # forward together with those of other requests (defer: the worker runs the forwards)
+    def begin():
         passages = contexts
         if opts.contexts is None:
             from turborag.rag.retrieve import fit_passages  # a server without a store never loads it
@@ -117,7 +120,8 @@ async def answer_from_passages(state: ServerState, req: ChatRequest, question: s
             passages = [h.text for h in hits]
             # with each chunk's text, so that a client (the web page) can show what the answer read
             chunk_refs.extend({**backend.retriever.chunk_ref(h), "text": h.text} for h in hits)
-        return (yield from engine.begin_steps(question, passages, opts.mode, params, state.prefill_chunk))
+        chunk = state.prefill_chunk
+        return (yield from engine.begin_steps(question, passages, opts.mode, params, chunk, defer=True))
 
     started = await state.start(begin=begin, request=request)
     extra = {"chunks": chunk_refs}  # filled before the first token

@@ -20,6 +20,7 @@ from fastapi import Depends, Request
 from turborag.core.batch import DecodeBatch
 from turborag.core.defaults import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_BUDGET, DEFAULT_PREFILL_CHUNK
 from turborag.core.engine import Engine, PromptTooLong
+from turborag.core.feeds import feed_together
 from turborag.core.generate import DecodeState
 from turborag.serve.access import EVERYTHING, Access, Principal, key_hash
 from turborag.serve.errors import APIError, forbidden
@@ -159,12 +160,15 @@ class ServerState:
         self.prefill_chunk = prefill_chunk  # tokens of one prefill forward (Engine.begin_steps' chunk)
         self._uploads: dict[str, int] = {}
         engine = backend.engine
+        together = None
         if max_batch > 1:
             batch = DecodeBatch(engine.lm.model, engine.windows)
             step, on_idle = batch.step, batch.clear
+            # the prefill forwards of requests admitted together run as one (core/feeds.py)
+            together = functools.partial(feed_together, windows=engine.windows)
         else:  # one request at a time: exactly the single-request decode
             step, on_idle = functools.partial(step_alone, step_one=engine.step), None
-        self.worker = ModelWorker(max_queue, step, max_batch, prefill_budget, on_idle)
+        self.worker = ModelWorker(max_queue, step, max_batch, prefill_budget, on_idle, together)
         self.metrics = Metrics()
         self.backend = backend
         self.engine = backend.engine

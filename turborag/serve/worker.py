@@ -9,15 +9,19 @@ prefill, the question's prefill), returning the sequence to decode. The worker l
 time (Orca's iteration-level scheduling):
 
 1. admit: take queued jobs while fewer than `max_batch` sequences run or prefill;
-2. prefill (chunked): a generation whose `begin` returns a step generator (Engine.begin_steps) is
-   prefilled one forward of at most the server's `prefill_chunk` tokens at a time, first come first
-   served, until the iteration has prefilled `prefill_budget` tokens; a sequence whose prefill is done
-   picks its first token at once and joins the running ones. So a long prompt (a `full` request, a long
-   question) never stalls the running decodes for more than about one budget of prefill, and a request
-   cancelled during its prefill is dropped between two forwards. (A `begin` that returns the sequence
-   directly prefills whole when admitted, and admission then stops once the iteration's prefilled tokens
-   reach the budget.) Each sequence is prefilled exactly as alone (tested to 1e-4), so its first token is
-   unchanged;
+2. prefill (chunked, batched): a generation whose `begin` returns a step generator (Engine.begin_steps)
+   is prefilled one forward of at most the server's `prefill_chunk` tokens at a time, first come first
+   served, until the iteration has prefilled `prefill_budget` tokens (`serve --max-batch-tokens`); a
+   sequence whose prefill is done picks its first token at once and joins the running ones. So a long
+   prompt (a `full` request, a long question) never stalls the running decodes for more than about one
+   budget of prefill, and a request cancelled during its prefill is dropped between two forwards. A
+   generator that defers its forwards (`begin_steps(defer=True)` yields each as a Feed) has them run here:
+   the forward first in line shares one forward with the pending forwards of the requests behind it
+   (`feed_together`, core/feeds.py), as many as fit in the budget with padding counted, so the questions
+   of the turbo requests admitted together are prefilled in one forward, reading the weights once. (A
+   `begin` that returns the sequence directly prefills whole when admitted, and admission then stops once
+   the iteration's prefilled tokens reach the budget.) Each sequence is prefilled exactly as alone (tested
+   to 1e-4), so its first token is unchanged;
 3. decode: one batched forward feeds every running sequence its next token (`step`);
 4. retire: finished sequences hand out their Answer; cancelled ones (client gone) are dropped.
 
@@ -38,7 +42,10 @@ import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 
+import torch
+
 from turborag.core.defaults import DEFAULT_PREFILL_BUDGET
+from turborag.core.feeds import Feed, together
 from turborag.core.generate import DecodeState
 
 _DONE = object()
@@ -96,7 +103,16 @@ class Generation:
 
 
 Running = tuple[Job, DecodeState]  # a sequence being decoded
-Prefilling = tuple[Job, Generator]  # a sequence being prefilled, one forward a step
+
+
+@dataclass
+class Prefilling:
+    """A sequence being prefilled, one forward a step."""
+
+    job: Job
+    steps: Generator  # yields a forward's token count (it ran the forward), or a Feed (run it, send logits)
+    feed: Feed | None = None  # the forward it waits on
+    fresh: bool = True  # not advanced yet: its retrieval and cache assembly have not run
 
 
 def step_alone(rows: list[DecodeState], step_one: Callable[[DecodeState], None]) -> None:
@@ -116,6 +132,7 @@ class ModelWorker:
         max_batch: int = 1,
         prefill_budget: int = DEFAULT_PREFILL_BUDGET,
         on_idle: Callable[[], None] | None = None,
+        feed_together: Callable[[list[Feed]], list[torch.Tensor]] | None = None,
     ):
         if max_batch < 1 or prefill_budget < 1:
             raise ValueError("max_batch and prefill_budget must be at least 1")
@@ -124,6 +141,14 @@ class ModelWorker:
         self.max_batch = max_batch
         self.prefill_budget = prefill_budget
         self.on_idle = on_idle  # called when the last running sequence retires (free the batch buffers)
+        # runs several requests' prefill forwards in one (core/feeds.py); None: each forward alone
+        self.feed_together = feed_together
+        self.prefill_forwards = 0  # prefill forwards the worker ran for deferred feeds (tests, metrics)
+        self.prefill_feeds = 0  # deferred feeds they carried
+        # the heaviest iteration so far: prompt tokens it prefilled (padding counted), and its seconds from
+        # its first prefill forward to the end of its decode step (bench serve reports both)
+        self.longest_prefill_tokens = 0
+        self.longest_iteration_s = 0.0
         self.running = 0  # sequences being decoded (a plain job running alone counts as one)
         self.completed = 0
         self.cancelled = 0
@@ -171,10 +196,13 @@ class ModelWorker:
                 self._end_all(running, prefilling)
             self._admit(running, prefilling)
             running[:] = [(job, seq) for job, seq in running if not self._dropped(job)]
-            prefilling[:] = [(job, steps) for job, steps in prefilling if not self._dropped(job, steps)]
-            self._prefill(running, prefilling)
+            prefilling[:] = [p for p in prefilling if not self._dropped(p.job, p.steps)]
+            t_iter = time.perf_counter()
+            spent = self._prefill(running, prefilling)
+            self.longest_prefill_tokens = max(self.longest_prefill_tokens, spent)
             self.running = len(running) + len(prefilling)
             if not running:
+                self._iteration_took(t_iter)
                 if prefilling:
                     continue
                 if self.on_idle is not None:
@@ -190,6 +218,7 @@ class ModelWorker:
                 continue
             self.generated += len(running)
             self.tokens_per_s = len(running) / max(time.perf_counter() - t0, 1e-9)
+            self._iteration_took(t_iter)
             running[:] = [(job, seq) for job, seq in running if not self._hand_out(job, seq)]
             self.running = len(running)
 
@@ -222,39 +251,110 @@ class ModelWorker:
                 self._finish(job, e)
                 continue
             if isinstance(begun, Generator):  # prefill steps (Engine.begin_steps)
-                prefilling.append((job, begun))
+                prefilling.append(Prefilling(job, begun))
                 continue
             prefilled += max(1, begun.prompt_tokens - begun.cached_tokens)
             if not self._hand_out(job, begun):
                 running.append((job, begun))
                 self.running = len(running)
 
-    def _prefill(self, running: list[Running], prefilling: list[Prefilling]) -> None:
+    def _iteration_took(self, t_iter: float) -> None:
+        self.longest_iteration_s = max(self.longest_iteration_s, time.perf_counter() - t_iter)
+
+    def _prefill(self, running: list[Running], prefilling: list[Prefilling]) -> int:
         """Advance the prefills one forward at a time, taking turns in arrival order (the one that just ran
         goes to the back), until this iteration has prefilled `prefill_budget` tokens (it may end one
         forward past it); a finished prefill's sequence hands out its first token and joins `running`.
 
         So a long prompt costs the running requests about one budget of prefill per decode step instead of
         its whole prefill at once, a short request that arrives behind it waits for one of its forwards,
-        not all of them, and a cancelled or stopping request is dropped between two of its forwards."""
+        not all of them, and a cancelled or stopping request is dropped between two of its forwards. A
+        deferred forward (a Feed) first in line takes the pending feeds behind it into the same forward.
+        Returns the tokens prefilled (a batched forward's padding counted)."""
         spent = 0
         while prefilling and spent < self.prefill_budget:
-            job, steps = prefilling.pop(0)
-            try:
-                spent += next(steps)
-            except StopIteration as done:
-                if not self._hand_out(job, done.value):
-                    running.append((job, done.value))
-            except BaseException as e:  # handed to the request, which turns it into an HTTP error
-                self._finish(job, e)
+            head = prefilling.pop(0)
+            if head.feed is None:
+                ran = self._advance(head, None, running)
+                if ran is None:  # finished (or failed)
+                    continue
+                spent += ran
+                if head.feed is None:  # it ran a forward itself: back of the line
+                    prefilling.append(head)
+                    continue
+            group = [head] + self._companions(head, prefilling, running, spent)
+            for p in group[1:]:
+                prefilling.remove(p)
+            spent += len(group) * max(p.feed.tokens for p in group)
+            prefilling.extend(self._run_feeds(group, running))
+        return spent
+
+    def _companions(
+        self, head: Prefilling, prefilling: list[Prefilling], running: list[Running], spent: int
+    ) -> list[Prefilling]:
+        """The requests whose pending forwards share the head's: the ones behind it that may (plain
+        attention, a cache already filled), in arrival order, while the forward's padded size (rows x the
+        longest) fits in what is left of the budget. Requests admitted but not started are started first
+        (retrieval and cache assembly), so that their questions are in hand."""
+        if self.feed_together is None or not together(head.feed):
+            return []
+        for p in [p for p in prefilling if p.fresh]:
+            ran = self._advance(p, None, running)
+            if ran is None:
+                prefilling.remove(p)
+        room = max(self.prefill_budget - spent, head.feed.tokens)
+        group, width = [], head.feed.tokens
+        for p in prefilling:
+            if p.feed is None or not together(p.feed):
+                continue
+            wider = max(width, p.feed.tokens)
+            if (len(group) + 2) * wider > room:
+                break
+            group.append(p)
+            width = wider
+        return group
+
+    def _advance(self, p: Prefilling, sent: torch.Tensor | None, running: list[Running]) -> int | None:
+        """Send a prefill generator the logits of its last feed (or None) and take its next step: the
+        tokens of a forward it ran itself, 0 when it now waits on a feed (`p.feed`), None when it finished
+        (its sequence joined `running`, or it failed and the request got the error)."""
+        p.fresh, p.feed = False, None
+        try:
+            step = p.steps.send(sent)
+        except StopIteration as done:
+            if not self._hand_out(p.job, done.value):
+                running.append((p.job, done.value))
+            return None
+        except BaseException as e:  # handed to the request, which turns it into an HTTP error
+            self._finish(p.job, e)
+            return None
+        if isinstance(step, Feed):
+            p.feed = step
+            return 0
+        return step
+
+    def _run_feeds(self, group: list[Prefilling], running: list[Running]) -> list[Prefilling]:
+        """Run the group's feeds in one forward and hand each its logits; the ones still prefilling."""
+        feeds = [p.feed for p in group]
+        try:
+            if len(feeds) > 1:
+                results = self.feed_together(feeds)
             else:
-                prefilling.append((job, steps))
+                results = [feeds[0].run()]
+        except BaseException as e:  # every request of the forward gets the error; the worker lives on
+            for p in group:
+                p.steps.close()
+                self._finish(p.job, e)
+            return []
+        self.prefill_forwards += 1
+        self.prefill_feeds += len(feeds)
+        return [p for p, logits in zip(group, results) if self._advance(p, logits, running) is not None]
 
     def _end_all(self, running: list[Running], prefilling: list[Prefilling]) -> None:
         """Shutdown: every running, prefilling and queued job ends with ShuttingDown."""
-        for job, steps in prefilling:
-            steps.close()
-            self._finish(job, ShuttingDown())
+        for p in prefilling:
+            p.steps.close()
+            self._finish(p.job, ShuttingDown())
         prefilling.clear()
         for job, _ in running:
             self._finish(job, ShuttingDown())
