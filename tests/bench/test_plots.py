@@ -65,6 +65,7 @@ def _load(max_batch: int, scale: float) -> dict:
 
 
 SERVE = {"model": "tiny", "device": "cpu", "load": _load(8, 3.0), "load_max_batch_1": _load(1, 1.0)}
+SWEEP = [{**_load(w, 1.0 + n / (2 if w == 1 else 8)), "clients": n} for n in (1, 4, 16, 32) for w in (1, 8)]
 
 
 def assert_png(path: Path, min_side: int = 400) -> tuple[int, int]:
@@ -83,6 +84,7 @@ def test_each_plot_from_hand_made_results(tmp_path):
         (plots.plot_ttft, TTFT, "ttft.png"),
         (plots.plot_eval, EVAL, "eval.png"),
         (plots.plot_serve, SERVE, "serve.png"),
+        (plots.plot_serve, {**SERVE, "sweep": SWEEP}, "serve-sweep.png"),
     ):
         out = draw(result, tmp_path / "sub" / name)  # a missing folder is made
         assert out == tmp_path / "sub" / name
@@ -180,10 +182,17 @@ def test_eval_plot_groups_models(tiny_model_dir, env):
 
 def test_bench_serve_plot(tiny_model_dir, env):
     png = env / "serve.png"
-    args = ["bench", "serve", "--model", tiny_model_dir, "--clients", "3", "--rounds", "1"]
+    args = ["bench", "serve", "--model", tiny_model_dir, "--clients", "3", "--rounds", "1", "--sweep", "1,3"]
     more = ["--max-tokens", "4", "--steps", "1", "--system-tokens", "64", "--json", "--plot", str(png)]
     r = runner.invoke(app, [*args, *more])
     out = cli_json(r)
     assert out["load"]["errors"] == 0 and out["load_max_batch_1"]["max_batch"] == 1
+    # TTFT against concurrency: 1 client run both ways, the --clients runs reused as they are
+    assert [(row["clients"], row["max_batch"]) for row in out["sweep"]] == [(1, 1), (1, 8), (3, 1), (3, 8)]
+    assert all(row["errors"] == 0 and row["requests"] == row["clients"] for row in out["sweep"])
+    assert out["sweep"][2] == {k: out["load_max_batch_1"][k] for k in out["sweep"][2]}
     assert f"plot: {png}" in r.stderr
-    assert_png(png)
+    width, _ = assert_png(png)
+    assert width > 1400  # four panels: the sweep has its own
+    bad = runner.invoke(app, [*args[:-1], "0,4"])
+    assert bad.exit_code == 2 and "--sweep" in bad.output

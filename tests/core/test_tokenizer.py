@@ -86,3 +86,16 @@ def test_the_default_models_fast_tokenizer_is_its_own(tmp_path, monkeypatch):
     fast = tk.load_tokenizer(folder)
     assert type(fast).__name__ != "GemmaTokenizer"
     assert tk._behaviour(fast) == tk._behaviour(slow)
+
+
+@pytest.mark.real_model
+def test_the_default_model_converted_from_gguf_tokenizes_as_gemma_3():
+    """Gemma 3's ids for a plain sentence (BOS, then one token a word). transformers 5.17-5.22 converted the
+    GGUF's tokenizer wrongly (no BOS, other ids: the model then answered nonsense with correct weights),
+    hence transformers>=5.23 in pyproject.toml."""
+    from turborag.core.model import default_model_dir
+
+    tok = tk.load_tokenizer(default_model_dir())
+    ids = tok("The break statement ends the loop.")["input_ids"]
+    assert ids == [2, 818, 2541, 5456, 10842, 506, 7350, 236761]
+    assert [tok.decode([i]) for i in ids[1:4]] == ["The", " break", " statement"]

@@ -237,6 +237,41 @@ def test_bad_requests_get_openai_errors(served, body, status, code):
         assert "4096" in err["message"]
 
 
+def test_a_request_that_cannot_fit_is_refused_before_the_queue(served, monkeypatch):
+    """A prompt that with its answer cannot fit the model's window (4096 here) is a 400 at once: the worker
+    is never asked to queue it, so it never waits behind other requests to be refused."""
+
+    def no_queue(*args, **kwargs):
+        raise AssertionError("a request that cannot fit was queued")
+
+    monkeypatch.setattr(served.app.state.worker, "submit", no_queue)
+    long_text = "q " * 2500  # within max_prompt_tokens, over the window with the instruction and answer
+    cases = [
+        (
+            "/v1/chat/completions",
+            chat_body("Why?", max_tokens=8, turborag={"contexts": [long_text]}),
+            "turborag.contexts",
+        ),
+        ("/v1/chat/completions", chat_body("Who rings the bell?", max_tokens=4096), "messages"),  # retrieval
+        (
+            "/v1/chat/completions",
+            chat_body(long_text, max_tokens=2000, turborag={"retrieve": False}),
+            "messages",
+        ),
+        ("/v1/completions", {"model": "turborag", "prompt": long_text, "max_tokens": 2000}, "prompt"),
+    ]
+    for path, body, param in cases:
+        r = httpx.post(served.url + path, json=body, timeout=60, headers={"Authorization": f"Bearer {KEY}"})
+        assert r.status_code == 400, (path, r.text)
+        err = r.json()["error"]
+        assert err["code"] == "context_length_exceeded" and err["param"] == param, err
+        assert "context window of 4096" in err["message"], err
+
+
+def chat_body(question: str, **fields) -> dict:
+    return {"model": "turborag", "messages": [{"role": "user", "content": question}], **fields}
+
+
 def test_auth_health_metrics(served):
     r = httpx.get(served.url + "/v1/models", headers={"Authorization": "Bearer wrong"})
     assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
@@ -369,13 +404,14 @@ def test_bench_serve_fixed_answer_length(tiny_model_dir, tmp_path, monkeypatch):
     engine through the request), so tokens/s compares the same work at both batch widths."""
     monkeypatch.setenv("TURBORAG_HOME", str(tmp_path))
     args = ["bench", "serve", "--model", tiny_model_dir, "--clients", "3", "--rounds", "1", "--steps", "2"]
-    args += ["--system-tokens", "100", "--max-tokens", "6", "--min-tokens", "6", "--json"]
+    args += ["--system-tokens", "100", "--max-tokens", "6", "--min-tokens", "6", "--sweep", "", "--json"]
     r = CliRunner().invoke(app, args)
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout.strip().splitlines()[-1])
     for load in (out["load"], out["load_max_batch_1"]):
         assert load["errors"] == 0 and load["min_tokens"] == 6
         assert round(load["tokens_per_s"] * load["seconds"]) == 3 * 6
+    assert "sweep" not in out  # --sweep '' runs none
     bad = CliRunner().invoke(
         app, ["bench", "serve", "--model", tiny_model_dir, "--max-tokens", "4", "--min-tokens", "5"]
     )

@@ -148,13 +148,17 @@ def _short(name: str, width: int = 32) -> str:
 
 def plot_serve(result: dict, path: str | Path) -> Path:
     """`bench serve --json`: TTFT p50/p99, generated tokens/s and requests/s, one request at a time
-    (`--max-batch 1`) against continuous batching, side by side."""
+    (`--max-batch 1`) against continuous batching, side by side; with a `sweep`, also TTFT against the
+    number of concurrent clients."""
     _need(result, ("load", "load_max_batch_1"), "`turborag bench serve --json`")
     runs = [result["load_max_batch_1"], result["load"]]
     names = [f"max batch {r['max_batch']}" for r in runs]
     colors = ["#8c8c8c", MODE_COLORS["turbo"]]
-    fig = _figure(11, 4)
-    ttft_ax, tok_ax, req_ax = fig.subplots(1, 3)
+    sweep = result.get("sweep") or []
+    fig = _figure(15 if sweep else 11, 4)
+    ttft_ax, tok_ax, req_ax, *more = fig.subplots(1, 4 if sweep else 3)
+    if sweep:
+        _plot_sweep(more[0], sweep, dict(zip((r["max_batch"] for r in runs), colors)))
     width = 0.38
     for i, (run, name, color) in enumerate(zip(runs, names, colors)):
         values = [run["ttft_p50_s"] or 0.0, run["ttft_p99_s"] or 0.0]
@@ -184,6 +188,25 @@ def plot_serve(result: dict, path: str | Path) -> Path:
         fontsize=9,
     )
     return _save(fig, path)
+
+
+def _plot_sweep(ax, sweep: list[dict], colors: dict[int, str]) -> None:
+    """TTFT p50 (solid) and p99 (dashed) against concurrent clients, one color per batch width."""
+    for width in sorted({r["max_batch"] for r in sweep}):
+        rows = sorted((r for r in sweep if r["max_batch"] == width), key=lambda r: r["clients"])
+        clients = [r["clients"] for r in rows]
+        color = colors.get(width, "#444444")
+        for key, style in (("ttft_p50_s", "-"), ("ttft_p99_s", "--")):
+            label = f"max batch {width}, {key[5:8]}"
+            ax.plot(clients, [r[key] or 0.0 for r in rows], style, marker="o", color=color, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(
+        sorted({r["clients"] for r in sweep}), [str(c) for c in sorted({r["clients"] for r in sweep})]
+    )
+    ax.set_xlabel("concurrent clients (turbo only)")
+    ax.set_ylabel("TTFT (s)")
+    ax.legend(fontsize=7)
+    ax.grid(True, alpha=0.3)
 
 
 def plot_any(result: dict, path: str | Path) -> Path:

@@ -8,6 +8,8 @@ official `openai` client; every loop is bounded in count and time.
   (one request decoded at a time) and with the server's continuous batching. Reports requests/s, generated
   tokens/s, TTFT p50/p99 as the client sees it (request sent -> first content chunk), inter-token latency
   p50/p99 (the gaps between content chunks of one stream), errors, and the queue depth afterwards.
+- sweep: the turbo-only load again with fewer clients (1, 4, 16 by default), both ways, for TTFT against
+  the number of concurrent clients (`sweep_row` keeps what the plot shows).
 - agent: a `steps`-step conversation whose system prompt has `system_tokens` tokens, sent through
   `/v1/chat/completions` with `turborag.retrieve = false` (a plain prompt). Each step appends the previous
   answer and a new user turn. Measured twice, with prompt caching on and off (a server whose prefix cache
@@ -177,6 +179,12 @@ def bench_load(
         "itl_p99_s": _percentile(gaps, 0.99),
         "queue_depth_after": depth,
     }
+
+
+def sweep_row(run: dict) -> dict:
+    """The part of a `bench_load` result that the TTFT-against-concurrency table and plot show."""
+    keys = ("clients", "max_batch", "requests", "errors", "requests_per_s", "ttft_p50_s", "ttft_p99_s")
+    return {k: run[k] for k in keys}
 
 
 def bench_agent(backend: Backend, steps: int = 10, system_tokens: int = 1000, max_tokens: int = 8) -> dict:

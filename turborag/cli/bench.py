@@ -255,6 +255,11 @@ def bench_serve_cmd(
         help="also a mixed load: this share of the requests in `full` mode (a prefill of every passage), "
         "TTFT of turbo and full requests reported apart; 0 = turbo only",
     ),
+    sweep: str = typer.Option(
+        "1,4,16,32",
+        help="also TTFT against concurrency: turbo-only loads of these numbers of clients, at --max-batch 1 "
+        "and batched (the --clients load is reused); '' = none",
+    ),
     steps: int = typer.Option(10, min=1, max=50, help="agent conversation steps"),
     system_tokens: int = typer.Option(1000, min=16, help="agent system prompt tokens"),
     model: str = ModelOpt,
@@ -264,17 +269,28 @@ def bench_serve_cmd(
     plot: Path = PlotOpt,
 ) -> None:
     """HTTP server under concurrent streaming load, one request at a time vs continuous batching (one run),
-    turbo only and mixed with full requests, and prompt caching on an agent-style conversation."""
+    turbo only and mixed with full requests, TTFT against the number of clients, and prompt caching on an
+    agent-style conversation."""
     from turborag.bench.plots import plot_serve
-    from turborag.bench.serve import bench_agent, bench_load
+    from turborag.bench.serve import bench_agent, bench_load, sweep_row
     from turborag.cli.serve import serve_backend
 
     check_plot(plot)
     if min_tokens > max_tokens:
         fail(f"--min-tokens {min_tokens} is more than --max-tokens {max_tokens}")
+    counts = int_list(sweep, "--sweep") if sweep.strip() else []
+    if counts and max(counts) > 256:
+        fail(f"--sweep counts clients, at most 256, got {max(counts)}")
     backend = serve_backend(None, model, device, 8, use_store=False, dtype=dtype)
     alone = bench_load(backend, clients, rounds, max_tokens, max_batch=1, min_tokens=min_tokens)
     load = bench_load(backend, clients, rounds, max_tokens, max_batch=max_batch, min_tokens=min_tokens)
+    runs = {(clients, 1): alone, (clients, max_batch): load}
+    for n in sorted(set(counts)):
+        for width in (1, max_batch):
+            if (n, width) not in runs:
+                runs[n, width] = bench_load(
+                    backend, n, rounds, max_tokens, max_batch=width, min_tokens=min_tokens
+                )
     mixed = {}
     if full_share > 0:
         for width in (1, max_batch):
@@ -305,6 +321,8 @@ def bench_serve_cmd(
     out = {"model": model, "device": device, "load": load, "load_max_batch_1": alone, "ratios": ratios}
     if mixed:
         out["mixed"], out["mixed_max_batch_1"] = mixed[max_batch], mixed[1]
+    if counts:
+        out["sweep"] = [sweep_row(runs[n, w]) for n in sorted(set(counts)) for w in (1, max_batch)]
     out["agent"] = agent  # last, as before
     if as_json:
         typer.echo(json.dumps(out))
@@ -349,6 +367,20 @@ def bench_serve_cmd(
             else ""
         )
     )
+    if counts:
+        t = Table(title=f"TTFT against concurrency: turbo only, {rounds} requests a client")
+        for col in ("clients", "max batch", "requests/s", "TTFT p50 (s)", "TTFT p99 (s)", "errors"):
+            t.add_column(col, justify="right")
+        for row in out["sweep"]:
+            t.add_row(
+                str(row["clients"]),
+                str(row["max_batch"]),
+                f"{row['requests_per_s']:.2f}",
+                seconds(row["ttft_p50_s"]),
+                seconds(row["ttft_p99_s"]),
+                str(row["errors"]),
+            )
+        stdout().print(t)
     t = Table(
         title=f"agent: {steps} steps, {system_tokens}-token system prompt, TTFT with/without prompt caching"
     )

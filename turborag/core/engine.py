@@ -276,6 +276,15 @@ class Engine:
                 f"context window of {limit} tokens"
             )
 
+    def check_fits(self, question: str, passages: Sequence[str], params: SamplingParams) -> Prompt:
+        """The prompt of `question` over `passages`, or PromptTooLong when it and the answer (or the
+        abstention reply the threshold feeds) do not fit the context window. A server calls it before it
+        queues a request, so that one which can never run is refused at once."""
+        prompt = self.layout.build(question, list(passages))
+        extra = len(self.abstain_ids) - 1 if self.abstain_threshold is not None else 0
+        self.check_length(len(prompt.ids), max(params.max_new_tokens, extra))
+        return prompt
+
     def qa_params(self, max_new_tokens: int = 64) -> SamplingParams:
         """The defaults for answering a question from passages. A base model (plain template) does not stop
         after its answer: it runs on into a made-up "Question: ..." line, so it stops at the end of the line;
@@ -337,9 +346,8 @@ class Engine:
         mode = self.resolve_mode(mode)
         params = params or self.qa_params()
         t0 = time.perf_counter()
-        prompt = self.layout.build(question, list(passages))
+        prompt = self.check_fits(question, passages, params)
         extra = self.abstain_ids[:-1] if self.abstain_threshold is not None else []
-        self.check_length(len(prompt.ids), max(params.max_new_tokens, len(extra)))
         reserve = params.max_new_tokens + 8  # decode room in the cache buffers
         # With a threshold, the abstention reply (less its last token) is fed right after the prompt in the
         # same forward, its probability read off, and cut back out of the cache (reply_logprob).

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from fastapi import APIRouter, Request
 
-from turborag.core.engine import Engine
+from turborag.core.engine import Engine, PromptTooLong
 from turborag.core.generate import SamplingParams
 from turborag.serve.errors import APIError, parse_body
 from turborag.serve.responses import respond
@@ -47,8 +47,9 @@ async def chat(request: Request, state: StateDep):
         else:
             state.may_use_model(request)
         question = users[-1].text()
-        await check_question(state, question, opts.contexts or [])
-        return await answer_from_passages(state, req, question, request)
+        params = rag_params(state, req)
+        await check_question(state, question, opts.contexts or [], params)
+        return await answer_from_passages(state, req, question, params, request)
     state.may_use_model(request)
     engine = state.engine
     params = req.params(state.backend.default_max_tokens)
@@ -57,16 +58,37 @@ async def chat(request: Request, state: StateDep):
     return await answer_prompt(state, request, req, "chat", ids, params)
 
 
-async def check_question(state: ServerState, question: str, contexts: list[str]) -> None:
-    """400 for a question over `max_question_tokens`, or one that with the request's own passages is over
-    `max_prompt_tokens`, before any model work (the passages of a store are bounded by the model's context
-    when they are fitted, on the worker)."""
+def rag_params(state: ServerState, req: ChatRequest) -> SamplingParams:
+    """A RAG answer's sampling: a base model (plain template) stops at the end of its line unless the client
+    chose stop strings."""
+    plain = state.engine.layout.template == "plain"
+    return req.params(state.backend.default_max_tokens, newline_stop=plain and not req.stop)
+
+
+async def check_question(
+    state: ServerState, question: str, contexts: list[str], params: SamplingParams
+) -> None:
+    """400 before any model work and before the queue: a question over `max_question_tokens`, one that with
+    the request's own passages is over `max_prompt_tokens`, or a prompt that with the answer cannot fit the
+    model's context window (with retrieval: the question alone, as the retrieved passages are then fitted
+    to the window on the worker)."""
     tok = state.engine.lm.tokenizer
     await bounded_ids(state.question_limit(), len(question), lambda: encode(tok, question))
+    passages = [c for c in contexts if c.strip()]
     if contexts:
         limit = state.prompt_limit("turborag.contexts")
         texts = [*contexts, question]
         await bounded_ids(limit, sum(map(len, texts)), lambda: [i for t in texts for i in encode(tok, t)])
+    param = "turborag.contexts" if passages else "messages"
+    await must_fit(lambda: state.engine.check_fits(question, passages, params), param)
+
+
+async def must_fit(check: Callable[[], object], param: str) -> None:
+    """`check()` off the event loop (it tokenizes), its PromptTooLong a 400 naming `param`."""
+    try:
+        await asyncio.to_thread(check)
+    except PromptTooLong as e:
+        raise APIError(400, str(e), code="context_length_exceeded", param=param) from None
 
 
 async def bounded_ids(limit: Limit, chars: int, tokenize: Callable[[], list[int]]) -> list[int]:
@@ -88,8 +110,11 @@ async def answer_prompt(
     params: SamplingParams,
 ):
     """The answer to a plain prompt, prompt-cached within the key's own partition of the prefix cache, its
-    prefill chunked (the worker runs its forwards between other requests' decode steps)."""
+    prefill chunked (the worker runs its forwards between other requests' decode steps). One that cannot fit
+    the model's context window is refused before it is queued."""
     engine, partition = state.engine, state.prefix_partition(request)
+    param = "messages" if kind == "chat" else "prompt"
+    await must_fit(lambda: engine.check_length(len(ids), params.max_new_tokens), param)
     started = await state.start(
         begin=lambda: engine.begin_prompt_steps(ids, params, partition, state.prefill_chunk, defer=True),
         request=request,
@@ -97,12 +122,11 @@ async def answer_prompt(
     return await respond(state, started, kind, req, {"chunks": []} if kind == "chat" else {}, request)
 
 
-async def answer_from_passages(state: ServerState, req: ChatRequest, question: str, request: Request):
-    """The RAG answer: the request's own passages, or the top-k retrieved ones that fit the context.
-    A base model (plain template) stops at the end of its line unless the client chose stop strings."""
+async def answer_from_passages(
+    state: ServerState, req: ChatRequest, question: str, params: SamplingParams, request: Request
+):
+    """The RAG answer: the request's own passages, or the top-k retrieved ones that fit the context."""
     engine, backend, opts = state.engine, state.backend, req.turborag
-    plain = engine.layout.template == "plain"
-    params = req.params(backend.default_max_tokens, newline_stop=plain and not req.stop)
     contexts = [c for c in opts.contexts or [] if c.strip()]
     if opts.contexts is not None and not contexts:
         raise APIError(400, "turborag.contexts must hold non-empty passages", param="turborag.contexts")
