@@ -294,7 +294,7 @@ def test_over_http_a_short_request_is_not_held_behind_a_long_full_prefill(tmp_pa
 
     engine.begin_steps = logged
     backend = Backend(engine, "tiny-gemma3", default_max_tokens=4)
-    app = create_app(backend, max_batch=4, prefill_budget=16, prefill_chunk=16)
+    app = create_app(backend, max_batch=4, prefill_budget=16)  # forwards of 16: the chunk is capped by it
     long_passages = [f"Passage {i} tells of the harbour town of Velmora and its boats." for i in range(6)]
 
     def ask(srv, question, contexts, mode):
@@ -310,7 +310,9 @@ def test_over_http_a_short_request_is_not_held_behind_a_long_full_prefill(tmp_pa
 
     with ServedApp(app) as srv, ThreadPoolExecutor(2) as pool:
         long = pool.submit(ask, srv, "What is Velmora?", long_passages, "full")
+        deadline = _time.monotonic() + 60
         while events.count("long") < 3:  # the long prefill is under way
+            assert _time.monotonic() < deadline, events
             _time.sleep(0.005)
         short = pool.submit(ask, srv, "Who?", ["Odrun Pask rings the bell."], "turbo")
         assert long.result() == 200 and short.result() == 200
@@ -366,3 +368,58 @@ def test_questions_admitted_together_share_one_prefill_forward(tmp_path):
     answers, worker = asyncio.run(main())
     assert answers == alone
     assert worker.prefill_feeds == 4 and worker.prefill_forwards == 1
+
+
+def test_no_iteration_prefills_more_than_the_budget(tmp_path):
+    """A `full` request over long passages and four turbo questions queued together, forwards of at most 16
+    tokens, a budget of 40 tokens an iteration: the worker never starts a forward that would take the
+    iteration past the budget (padding of a batched forward counted), and every answer is as alone."""
+    import functools
+
+    from turborag.core.batch import DecodeBatch
+    from turborag.core.feeds import feed_together
+
+    model, tok = make("gemma3"), char_tokenizer()
+    lm = LoadedModel(model, tok, "tiny-gemma3", fingerprint(model, tok), torch.device("cpu"), torch.float32)
+    engine = Engine(lm, KVStore(tmp_path / "kv", dtype="float32"), prefill_chunk=16)
+    engine.stop_ids = set()
+    params = SamplingParams(max_new_tokens=4)
+    long_passages = [f"Passage {i} tells of the harbour town of Velmora and its boats." for i in range(4)]
+    asks = [("What is Velmora?", long_passages, "full")]
+    asks += [(f"Who rings bell {i}?", [f"Odrun Pask rings bell {i}."], "turbo") for i in range(4)]
+    alone = [engine.answer(q, p, m, params).token_ids for q, p, m in asks]
+    gate = threading.Event()
+    spent: list[int] = []
+
+    async def main():
+        batch = DecodeBatch(engine.lm.model, engine.windows)
+        worker = ModelWorker(
+            max_queue=8,
+            step=batch.step,
+            max_batch=8,
+            prefill_budget=40,
+            on_idle=batch.clear,
+            feed_together=functools.partial(feed_together, windows=engine.windows),
+        )
+        prefill = worker._prefill
+        worker._prefill = lambda *a: spent.append(prefill(*a)) or spent[-1]  # each iteration's tokens
+
+        def begin_of(q, p, m):
+            def begin():
+                gate.wait(10)
+                return (yield from engine.begin_steps(q, p, m, params, defer=True))
+
+            return begin
+
+        jobs = [worker.submit(Generation(begin_of(*ask))) for ask in asks]
+        gate.set()
+        out = []
+        for job in jobs:
+            items = [item async for item in job.items()]
+            out.append(items[-1].token_ids)
+        return out, worker
+
+    answers, worker = asyncio.run(main())
+    assert answers == alone
+    assert max(spent) <= 40 and worker.longest_prefill_tokens == max(spent), spent
+    assert sum(spent) >= 5 * 16  # the full prompt alone is over 200 tokens: the work was spread out

@@ -24,7 +24,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from turborag.bench.engine import doc_text
-from turborag.core.defaults import DEFAULT_MAX_BATCH
+from turborag.core.defaults import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_BUDGET
 from turborag.serve import Backend, create_app
 
 
@@ -105,6 +105,7 @@ def bench_load(
     max_batch: int = DEFAULT_MAX_BATCH,
     min_tokens: int = 0,
     full_share: float = 0.0,
+    max_batch_tokens: int = DEFAULT_PREFILL_BUDGET,
 ) -> dict:
     """`clients` threads each stream `rounds` chat requests at a server decoding up to `max_batch` at once;
     with `min_tokens`, no answer ends before that many tokens (vLLM's request field of that name). With
@@ -113,7 +114,9 @@ def bench_load(
     every = round(1 / full_share) if full_share > 0 else 0
     text = doc_text()
     contexts = [text[i * 600 : (i + 1) * 600] for i in range(passages)]
-    app = create_app(backend, max_queue=max(64, clients * 2), max_batch=max_batch)
+    app = create_app(
+        backend, max_queue=max(64, clients * 2), max_batch=max_batch, prefill_budget=max_batch_tokens
+    )
     gaps: list[float] = []
     with ServedApp(app) as srv:
         client = srv.client()
@@ -158,6 +161,7 @@ def bench_load(
     return {
         "clients": clients,
         "max_batch": max_batch,
+        "max_batch_tokens": max_batch_tokens,
         "max_tokens": max_tokens,
         "min_tokens": min_tokens,
         "requests": len(results),

@@ -24,7 +24,7 @@ from turborag.cli.common import (
     write_plot,
 )
 from turborag.cli.loading import engine_for, load_engine, open_catalog
-from turborag.core.defaults import DEFAULT_MAX_BATCH, DEFAULT_MODEL, turborag_home
+from turborag.core.defaults import DEFAULT_MAX_BATCH, DEFAULT_MODEL, DEFAULT_PREFILL_BUDGET, turborag_home
 
 app = typer.Typer(help="Benchmarks (ratios measured side by side in one run).", no_args_is_help=True)
 
@@ -248,6 +248,12 @@ def bench_serve_cmd(
     max_batch: int = typer.Option(
         DEFAULT_MAX_BATCH, min=2, help="continuous batching width, measured against --max-batch 1"
     ),
+    max_batch_tokens: int = typer.Option(
+        DEFAULT_PREFILL_BUDGET,
+        "--max-batch-tokens",
+        min=1,
+        help="the batched server's prefill tokens per iteration (serve --max-batch-tokens)",
+    ),
     full_share: float = typer.Option(
         0.25,
         min=0.0,
@@ -282,27 +288,26 @@ def bench_serve_cmd(
     if counts and max(counts) > 256:
         fail(f"--sweep counts clients, at most 256, got {max(counts)}")
     backend = serve_backend(None, model, device, 8, use_store=False, dtype=dtype)
-    alone = bench_load(backend, clients, rounds, max_tokens, max_batch=1, min_tokens=min_tokens)
-    load = bench_load(backend, clients, rounds, max_tokens, max_batch=max_batch, min_tokens=min_tokens)
+
+    def measure(n: int, width: int, share: float = 0.0) -> dict:
+        return bench_load(
+            backend,
+            n,
+            rounds,
+            max_tokens,
+            max_batch=width,
+            min_tokens=min_tokens,
+            full_share=share,
+            max_batch_tokens=max_batch_tokens,
+        )
+
+    alone, load = measure(clients, 1), measure(clients, max_batch)
     runs = {(clients, 1): alone, (clients, max_batch): load}
     for n in sorted(set(counts)):
         for width in (1, max_batch):
             if (n, width) not in runs:
-                runs[n, width] = bench_load(
-                    backend, n, rounds, max_tokens, max_batch=width, min_tokens=min_tokens
-                )
-    mixed = {}
-    if full_share > 0:
-        for width in (1, max_batch):
-            mixed[width] = bench_load(
-                backend,
-                clients,
-                rounds,
-                max_tokens,
-                max_batch=width,
-                min_tokens=min_tokens,
-                full_share=full_share,
-            )
+                runs[n, width] = measure(n, width)
+    mixed = {width: measure(clients, width, full_share) for width in (1, max_batch)} if full_share else {}
     agent = bench_agent(backend, steps, system_tokens)
     ratios = {
         name: (load[key] / alone[key] if alone[key] else None)
@@ -331,7 +336,10 @@ def bench_serve_cmd(
     length = (
         f"answers of {min_tokens}-{max_tokens} tokens" if min_tokens else f"answers up to {max_tokens} tokens"
     )
-    t = Table(title=f"load: {clients} concurrent streaming clients x {rounds}, {length}, {model} on {device}")
+    t = Table(
+        title=f"load: {clients} concurrent streaming clients x {rounds}, {length}, {model} on {device}, "
+        f"at most {max_batch_tokens} prefill tokens an iteration"
+    )
     columns = ["load", "max batch", "requests", "errors", "requests/s", "tokens/s", "TTFT p50 (s)"]
     columns += ["TTFT p99 (s)", "turbo / full TTFT p99 (s)", "ITL p50 (s)", "ITL p99 (s)"]
     for col in [*columns, "longest iteration (s, tokens)", "queue after"]:

@@ -157,7 +157,9 @@ class ServerState:
         # Uploads in progress per key: an upload holds the model for its whole ingest, so one key sending
         # many at once would take the server from everyone else (each is at most max_body_bytes).
         self.max_uploads_per_key = max_uploads_per_key
-        self.prefill_chunk = prefill_chunk  # tokens of one prefill forward (Engine.begin_steps' chunk)
+        # tokens of one prefill forward (Engine.begin_steps' chunk): within the budget, so that one forward
+        # never takes an iteration past it
+        self.prefill_chunk = min(prefill_chunk, prefill_budget)
         self._uploads: dict[str, int] = {}
         engine = backend.engine
         together = None

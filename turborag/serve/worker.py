@@ -11,7 +11,8 @@ time (Orca's iteration-level scheduling):
 1. admit: take queued jobs while fewer than `max_batch` sequences run or prefill;
 2. prefill (chunked, batched): a generation whose `begin` returns a step generator (Engine.begin_steps)
    is prefilled one forward of at most the server's `prefill_chunk` tokens at a time, first come first
-   served, until the iteration has prefilled `prefill_budget` tokens (`serve --max-batch-tokens`); a
+   served, while the iteration's prefilled tokens stay within `prefill_budget` (`serve --max-batch-tokens`,
+   padding of a batched forward counted); a
    sequence whose prefill is done picks its first token at once and joins the running ones. So a long
    prompt (a `full` request, a long question) never stalls the running decodes for more than about one
    budget of prefill, and a request cancelled during its prefill is dropped between two forwards. A
@@ -263,8 +264,11 @@ class ModelWorker:
 
     def _prefill(self, running: list[Running], prefilling: list[Prefilling]) -> int:
         """Advance the prefills one forward at a time, taking turns in arrival order (the one that just ran
-        goes to the back), until this iteration has prefilled `prefill_budget` tokens (it may end one
-        forward past it); a finished prefill's sequence hands out its first token and joins `running`.
+        goes to the back), while the next forward fits in what is left of this iteration's `prefill_budget`
+        tokens (the first forward of an iteration always runs); a finished prefill's sequence hands out its
+        first token and joins `running`. A deferred forward (a Feed) is sized before it runs, so the budget
+        holds exactly; a generator that runs its own forwards is known only after, and may end the
+        iteration one forward past the budget.
 
         So a long prompt costs the running requests about one budget of prefill per decode step instead of
         its whole prefill at once, a short request that arrives behind it waits for one of its forwards,
@@ -282,6 +286,9 @@ class ModelWorker:
                 if head.feed is None:  # it ran a forward itself: back of the line
                     prefilling.append(head)
                     continue
+            if spent and spent + head.feed.tokens > self.prefill_budget:
+                prefilling.insert(0, head)  # first in line in the next iteration
+                break
             group = [head] + self._companions(head, prefilling, running, spent)
             for p in group[1:]:
                 prefilling.remove(p)
