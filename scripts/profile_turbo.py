@@ -5,7 +5,10 @@
 Uses the `bench ttft` store ($TURBORAG_HOME/bench-store; the chunks are computed first if missing) and the
 same question and chunks as `bench ttft`. Each phase is timed on its own, in the order a request runs them,
 median of --repeats; "verify" is the xxh3 of the tensors read, timed in a separate loop over the same
-bytes (the read includes it). Prints a table and, with --json, one JSON object.
+bytes (the read includes it). The question prefill scores the abstention reply in the same forward when the
+model has a threshold, as a request does. Then the floor's distance from the compute limit: the prefill's
+FLOPs against this CPU's matmul rate, and its weight bytes against the memory read rate. Prints a table
+and, with --json, one JSON object.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ def main() -> None:
     lengths = [len(c) for c in prompt.chunks]
     keys = [engine.key(c) for c in prompt.chunks]
     wanted = kv.needed_layers(lengths, len(prompt.prefix), engine.windows)
-    reserve = len(prompt.suffix) + 8
+    reserve = len(prompt.suffix) + len(engine.abstain_ids) + 8
     phases: dict[str, list[float]] = {
         p: []
         for p in ("read + verify", "verify", "rotate + copy", "question prefill", "first token", "total")
@@ -63,7 +66,7 @@ def main() -> None:
             lengths,
         )
         t2 = time.perf_counter()
-        logits = engine.prefill_question(cache, prompt, next_pos)
+        logits = engine.prefill_question(cache, prompt, next_pos, scored=True)  # as turbo: bench ttft's floor
         t3 = time.perf_counter()
         int(logits.argmax())
         t4 = time.perf_counter()
@@ -82,6 +85,7 @@ def main() -> None:
                     xxhash.xxh3_64_hexdigest(t.reshape(-1).view(torch.uint8).numpy())
         phases["verify"].append(time.perf_counter() - tv)
     out = {name: statistics.median(v[1:]) for name, v in phases.items()}  # the first round warms up
+    limit = compute_limit(engine, prompt, loaded, lengths, reserve, out["question prefill"])
     read_bytes = sum(t.numel() * t.element_size() for layers in loaded for pair in layers for t in pair or ())
     info = {
         "model": args.model,
@@ -90,6 +94,7 @@ def main() -> None:
         "chunks": len(lengths),
         "bytes_read": read_bytes,
         "phases_s": out,
+        "compute_limit": limit,
     }
     if args.json:
         print(json.dumps(info))
@@ -100,6 +105,84 @@ def main() -> None:
     )
     for name, s in out.items():
         print(f"  {name:18s} {s * 1000:8.1f} ms")
+    weights_ms = limit["weight_bytes"] / 1e9 / limit["memory_gbs"] * 1000
+    print(
+        f"question prefill: {limit['gflop']:.2f} GFLOP at {limit['achieved_gflops']:.1f} GFLOP/s, "
+        f"{limit['achieved_gflops'] / limit['matmul_gflops']:.0%} of this CPU's {limit['matmul_gflops']:.0f} "
+        f"GFLOP/s ({info['dtype']} matmul; {limit['attention_gflop']:.2f} GFLOP of it attention): "
+        f"{limit['compute_bound_s'] * 1000:.1f} ms if compute-bound; it reads "
+        f"{limit['weight_bytes'] / 1e6:.0f} MB of weights, {weights_ms:.1f}"
+        f" ms at this machine's {limit['memory_gbs']:.1f} GB/s memory read rate"
+    )
+
+
+def matmul_gflops(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
+    """This CPU's dense matmul rate in `dtype` (n x n by n x n, median of `repeats`)."""
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    a @ b  # warm up
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - t)
+    return 2 * n**3 / statistics.median(times) / 1e9
+
+
+def attention_flops(config, windows: list[int | None], queries: int, keys: int) -> int:
+    """QK^T and AV of `queries` new tokens over `keys` positions (a sliding layer: its window), every layer.
+    Counted here because FlopCounterMode does not count torch's CPU attention kernel."""
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return sum(4 * heads * head_dim * queries * min(keys, w or keys) for w in windows)
+
+
+def read_gbs(mib: int = 512, repeats: int = 5) -> float:
+    """This machine's memory read rate (a sum over `mib` MiB of fp32), GB/s, median of `repeats`."""
+    t = torch.ones(mib * 2**18)
+    t.sum()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        t.sum()
+        times.append(time.perf_counter() - t0)
+    return t.numel() * 4 / statistics.median(times) / 1e9
+
+
+def compute_limit(engine, prompt, loaded, lengths, reserve, prefill_s: float) -> dict:
+    """The floor's distance from the compute limit: the question prefill's FLOPs (counted by torch's
+    FlopCounterMode: the matmuls and attention of one forward over a freshly assembled cache) against this
+    CPU's matmul rate, and the weight bytes that forward reads."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    lm = engine.lm
+    cache, next_pos = kv.assemble_into(
+        engine.prefix_kv,
+        loaded,
+        engine.inv_freq,
+        "reordered",
+        lm.device,
+        lm.dtype,
+        reserve,
+        engine.windows,
+        lengths,
+    )
+    with FlopCounterMode(display=False) as counter:
+        engine.prefill_question(cache, prompt, next_pos, scored=True)
+    q = len(prompt.suffix) + (len(engine.abstain_ids) - 1 if engine.abstain_threshold is not None else 0)
+    attention = attention_flops(lm.config, engine.windows, q, next_pos + q)
+    flops = counter.get_total_flops() + attention
+    rate = matmul_gflops(lm.dtype)
+    weights = sum(p.numel() * p.element_size() for p in lm.model.parameters())
+    return {
+        "gflop": flops / 1e9,
+        "attention_gflop": attention / 1e9,
+        "memory_gbs": read_gbs(),
+        "achieved_gflops": flops / 1e9 / prefill_s,
+        "matmul_gflops": rate,
+        "compute_bound_s": flops / 1e9 / rate,
+        "weight_bytes": weights,
+        "tokens": q,  # the question's, and the abstention reply's when it is scored
+    }
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from turborag.bench import engine as bench_engine
 from turborag.bench.engine import QUESTION, bench_ttft
 from turborag.cli import app
 from turborag.core.engine import Engine
+from turborag.core.generate import SamplingParams
 from turborag.core.model import LoadedModel, fingerprint
 from turborag.store.kv_store import KVStore
 
@@ -61,3 +62,36 @@ def test_cli_prints_progress_lines_not_reprs(tiny_model_dir, env):
     assert "TTFTRow(" not in r.stderr and "TTFTRow(" not in r.stdout
     assert "64 context tokens: full " in r.stderr and "128 context tokens: full " in r.stderr
     assert "speedup" in r.stdout  # the table
+
+
+def test_the_floor_does_the_model_work_turbo_does(tmp_path, monkeypatch):
+    """With an abstention threshold the floor feeds the question and the scored reply in one forward, the
+    tokens turbo's question prefill feeds, so turbo / floor measures loading alone; without one, the
+    question alone. The logits of the question's last token are the same either way."""
+    engine = _engine(tmp_path)
+    passages = ["Odrun Pask rings the bell.", "The harbour of Velmora has boats."]
+    engine.precompute(passages)
+    fed: list[list[int]] = []
+    feed_steps = engine._feed_steps
+
+    def spy(cache, ids, *args, **kwargs):
+        fed.append(list(ids))
+        return (yield from feed_steps(cache, ids, *args, **kwargs))
+
+    monkeypatch.setattr(engine, "_feed_steps", spy)
+    for threshold in (None, 0.5):
+        engine.abstain_threshold = threshold
+        fed.clear()
+        engine.answer(QUESTION, passages, "turbo", SamplingParams(max_new_tokens=1))
+        turbo = fed[0]
+        fed.clear()
+        bench_engine.floor_ttft(engine, QUESTION, passages)
+        assert fed == [turbo]
+        suffix = engine.layout.suffix_ids(QUESTION)
+        assert turbo == (suffix + engine.abstain_ids[:-1] if threshold else suffix)
+    prompt = engine.layout.build(QUESTION, passages)
+    logits = []
+    for scored in (False, True):
+        cache, next_pos, _, _ = engine.assemble(prompt, "turbo", len(prompt.suffix) + 40)
+        logits.append(engine.prefill_question(cache, prompt, next_pos, scored=scored))
+    torch.testing.assert_close(logits[0], logits[1], atol=1e-5, rtol=0)

@@ -589,9 +589,12 @@ class Engine:
             out[key] = layers
         return out
 
-    def prefill_question(self, cache, prompt: Prompt, next_pos: int) -> torch.Tensor:
-        """Run the question on top of an assembled context; returns the last position's logits (vocab,)."""
-        return self._feed(cache, prompt.suffix, next_pos, 1)[0]
+    def prefill_question(self, cache, prompt: Prompt, next_pos: int, scored: bool = False) -> torch.Tensor:
+        """Run the question on top of an assembled context; returns the last position's logits (vocab,).
+        With `scored` and an abstention threshold, the abstention reply rides in the same forward, as a
+        request's does (begin_steps): the same model work, for a floor that compares like with like."""
+        extra = self.abstain_ids[:-1] if scored and self.abstain_threshold is not None else []
+        return self._feed(cache, prompt.suffix + extra, next_pos, 1 + len(extra))[0]
 
     def _feed(
         self, cache, ids: list[int], start: int, keep: int, attention: ape.ApeContext | None = None
