@@ -158,3 +158,38 @@ def test_passage_memo_is_bounded_and_returns_copies(gemma_lm, monkeypatch):
     assert layout.chunks_ids(["a"]) == [layout.chunk_ids("a")]
     layout.chunks_ids(["c", "d", "e"])
     assert list(layout._memo) == ["c", "d", "e"]
+
+
+def test_passage_memo_is_safe_across_threads(gemma_lm, monkeypatch):
+    """A server builds prompts on its model thread and on request threads (the context-window check before
+    queueing): many threads over a small memo, switching often, each get their own passages' ids."""
+    import sys
+    import threading
+
+    from turborag.core import prompt
+
+    monkeypatch.setattr(prompt, "MEMO_PASSAGES", 2)
+    layout = prompt.PromptLayout(gemma_lm.tokenizer)
+    words = [f"passage {i}" for i in range(40)]
+    want = {w: layout.chunk_ids(w) for w in words}
+    errors: list[BaseException] = []
+
+    def work(k: int) -> None:
+        try:
+            for n in range(60):
+                texts = [words[(k * 7 + n + j) % len(words)] for j in range(3)]
+                assert layout.chunks_ids(texts) == [want[t] for t in texts]
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        sys.setswitchinterval(interval)
+    assert not errors, errors[:1]

@@ -15,6 +15,7 @@ sentinel and split there, giving the text before the user content (joined to the
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -72,6 +73,9 @@ class PromptLayout:
             self.before, self.after = bos, ""
         self._prefix = self._encode(self.before + self.instruction)
         self._memo: OrderedDict[str, list[int]] = OrderedDict()  # passage text -> chunk ids (LRU)
+        # a server builds prompts on its model thread and, to refuse one that cannot fit before queueing
+        # it, on a request's thread: the memo is read and evicted under a lock
+        self._memo_lock = threading.Lock()
 
     def _encode(self, text: str) -> list[int]:
         # Special tokens (BOS, turn markers) are written in the text, so the tokenizer must not add more.
@@ -94,18 +98,19 @@ class PromptLayout:
         of them costs ~8 ms on a 2-core CPU, as much as reading their caches; so the ids of the last
         `MEMO_PASSAGES` passages are kept (LRU). The ids are a pure function of the text.
         """
-        todo = list(dict.fromkeys(t for t in texts if t not in self._memo))
-        if todo:
-            enc = self.tokenizer([f"Passage: {t.strip()}\n\n" for t in todo], add_special_tokens=False)
-            for text, ids in zip(todo, enc["input_ids"]):
-                self._memo[text] = list(ids)
-        out = []
-        for text in texts:
-            self._memo.move_to_end(text)
-            out.append(list(self._memo[text]))
-        while len(self._memo) > MEMO_PASSAGES:
-            self._memo.popitem(last=False)
-        return out
+        with self._memo_lock:
+            todo = list(dict.fromkeys(t for t in texts if t not in self._memo))
+            if todo:
+                enc = self.tokenizer([f"Passage: {t.strip()}\n\n" for t in todo], add_special_tokens=False)
+                for text, ids in zip(todo, enc["input_ids"]):
+                    self._memo[text] = list(ids)
+            out = []
+            for text in texts:
+                self._memo.move_to_end(text)
+                out.append(list(self._memo[text]))
+            while len(self._memo) > MEMO_PASSAGES:
+                self._memo.popitem(last=False)
+            return out
 
     def build(self, question: str, passages: list[str]) -> Prompt:
         return Prompt(self.prefix_ids(), self.chunks_ids(passages), self.suffix_ids(question))
