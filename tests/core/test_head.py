@@ -24,6 +24,19 @@ def test_same_products_as_linear_for_few_and_many_rows():
         torch.testing.assert_close(got, plain(x), atol=1e-5, rtol=1e-5)
 
 
+def test_vocabulary_blocks_per_thread_and_the_fallback(monkeypatch):
+    """Split into one vocabulary block per thread when the threads divide it, else one product: the same
+    numbers either way."""
+    torch.manual_seed(0)
+    for vocab, threads in ((1000, 4), (1001, 2), (1000, 1)):
+        monkeypatch.setattr(torch, "get_num_threads", lambda t=threads: t)
+        head = nn.Linear(32, vocab, bias=False)
+        x = torch.randn(3, 32)
+        want = head(x)
+        head.__class__ = FewRowsLinear
+        torch.testing.assert_close(head(x), want, atol=1e-5, rtol=1e-5)
+
+
 def test_gradients_and_state_dict_unchanged():
     torch.manual_seed(0)
     head = nn.Linear(16, 50, bias=False)
