@@ -45,7 +45,7 @@ def main() -> None:
     lengths = [len(c) for c in prompt.chunks]
     keys = [engine.key(c) for c in prompt.chunks]
     wanted = kv.needed_layers(lengths, len(prompt.prefix), engine.windows)
-    reserve = len(prompt.suffix) + len(engine.abstain_ids) + 8
+    reserve = len(prompt.suffix) + len(engine.scored_reply) + 8
     phases: dict[str, list[float]] = {
         p: []
         for p in ("read + verify", "verify", "rotate + copy", "question prefill", "first token", "total")
@@ -54,17 +54,7 @@ def main() -> None:
         t0 = time.perf_counter()
         loaded = [engine.store.get_layers(k, w) for k, w in zip(keys, wanted)]
         t1 = time.perf_counter()
-        cache, next_pos = kv.assemble_into(
-            engine.prefix_kv,
-            loaded,
-            engine.inv_freq,
-            "reordered",
-            lm.device,
-            lm.dtype,
-            reserve,
-            engine.windows,
-            lengths,
-        )
+        cache, next_pos = assemble(engine, loaded, lengths, reserve)
         t2 = time.perf_counter()
         logits = engine.prefill_question(cache, prompt, next_pos, scored=True)  # as turbo: bench ttft's floor
         t3 = time.perf_counter()
@@ -116,6 +106,22 @@ def main() -> None:
     )
 
 
+def assemble(engine, loaded, lengths: list[int], reserve: int):
+    """The turbo context from the layers read, as a request assembles it (reordered positions)."""
+    lm = engine.lm
+    return kv.assemble_into(
+        engine.prefix_kv,
+        loaded,
+        engine.inv_freq,
+        "reordered",
+        lm.device,
+        lm.dtype,
+        reserve,
+        engine.windows,
+        lengths,
+    )
+
+
 def matmul_gflops(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
     """This CPU's dense matmul rate in `dtype` (n x n by n x n, median of `repeats`)."""
     a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
@@ -155,20 +161,10 @@ def compute_limit(engine, prompt, loaded, lengths, reserve, prefill_s: float) ->
     from torch.utils.flop_counter import FlopCounterMode
 
     lm = engine.lm
-    cache, next_pos = kv.assemble_into(
-        engine.prefix_kv,
-        loaded,
-        engine.inv_freq,
-        "reordered",
-        lm.device,
-        lm.dtype,
-        reserve,
-        engine.windows,
-        lengths,
-    )
+    cache, next_pos = assemble(engine, loaded, lengths, reserve)
     with FlopCounterMode(display=False) as counter:
         engine.prefill_question(cache, prompt, next_pos, scored=True)
-    q = len(prompt.suffix) + (len(engine.abstain_ids) - 1 if engine.abstain_threshold is not None else 0)
+    q = len(prompt.suffix) + len(engine.scored_reply)
     attention = attention_flops(lm.config, engine.windows, q, next_pos + q)
     flops = counter.get_total_flops() + attention
     rate = matmul_gflops(lm.dtype)

@@ -322,22 +322,23 @@ def test_over_http_a_short_request_is_not_held_behind_a_long_full_prefill(tmp_pa
     assert events.index("turbo-answered") < events.index("full-answered")
 
 
-def test_questions_admitted_together_share_one_prefill_forward(tmp_path):
-    """Four turbo requests queued at once on a worker with batched prefill (the server's setup): their
-    questions are prefilled in one forward, and every answer is the one it gets alone."""
+def _gemma_engine(tmp_path, **kw) -> Engine:
+    model, tok = make("gemma3"), char_tokenizer()
+    lm = LoadedModel(model, tok, "tiny-gemma3", fingerprint(model, tok), torch.device("cpu"), torch.float32)
+    engine = Engine(lm, KVStore(tmp_path / "kv", dtype="float32"), **kw)
+    engine.stop_ids = set()
+    return engine
+
+
+def _run_batched(engine: Engine, asks, params, spent: list[int] | None = None, **worker_kw):
+    """`asks` ((question, passages, mode) each) queued at once on a worker set up as the server's (batched
+    decode and batched prefill, deferred forwards); returns each answer's token ids and the worker. With
+    `spent`, each iteration's prefilled tokens are appended to it."""
     import functools
 
     from turborag.core.batch import DecodeBatch
     from turborag.core.feeds import feed_together
 
-    model, tok = make("gemma3"), char_tokenizer()
-    lm = LoadedModel(model, tok, "tiny-gemma3", fingerprint(model, tok), torch.device("cpu"), torch.float32)
-    engine = Engine(lm, KVStore(tmp_path / "kv", dtype="float32"))
-    engine.stop_ids = set()
-    params = SamplingParams(max_new_tokens=6)
-    boats = "The harbour of Velmora has boats. "
-    asks = [(f"Who rings bell {i}?", [f"Odrun Pask rings bell {i}.", boats * (i + 1)]) for i in range(4)]
-    alone = [engine.answer(q, p, "turbo", params).token_ids for q, p in asks]
     gate = threading.Event()
 
     async def main():
@@ -348,61 +349,11 @@ def test_questions_admitted_together_share_one_prefill_forward(tmp_path):
             max_batch=8,
             on_idle=batch.clear,
             feed_together=functools.partial(feed_together, windows=engine.windows),
+            **worker_kw,
         )
-
-        def begin_of(q, p):
-            def begin():
-                gate.wait(10)
-                return (yield from engine.begin_steps(q, p, "turbo", params, defer=True))
-
-            return begin
-
-        jobs = [worker.submit(Generation(begin_of(q, p))) for q, p in asks]
-        gate.set()
-        out = []
-        for job in jobs:
-            items = [item async for item in job.items()]
-            out.append(items[-1].token_ids)
-        return out, worker
-
-    answers, worker = asyncio.run(main())
-    assert answers == alone
-    assert worker.prefill_feeds == 4 and worker.prefill_forwards == 1
-
-
-def test_no_iteration_prefills_more_than_the_budget(tmp_path):
-    """A `full` request over long passages and four turbo questions queued together, forwards of at most 16
-    tokens, a budget of 40 tokens an iteration: the worker never starts a forward that would take the
-    iteration past the budget (padding of a batched forward counted), and every answer is as alone."""
-    import functools
-
-    from turborag.core.batch import DecodeBatch
-    from turborag.core.feeds import feed_together
-
-    model, tok = make("gemma3"), char_tokenizer()
-    lm = LoadedModel(model, tok, "tiny-gemma3", fingerprint(model, tok), torch.device("cpu"), torch.float32)
-    engine = Engine(lm, KVStore(tmp_path / "kv", dtype="float32"), prefill_chunk=16)
-    engine.stop_ids = set()
-    params = SamplingParams(max_new_tokens=4)
-    long_passages = [f"Passage {i} tells of the harbour town of Velmora and its boats." for i in range(4)]
-    asks = [("What is Velmora?", long_passages, "full")]
-    asks += [(f"Who rings bell {i}?", [f"Odrun Pask rings bell {i}."], "turbo") for i in range(4)]
-    alone = [engine.answer(q, p, m, params).token_ids for q, p, m in asks]
-    gate = threading.Event()
-    spent: list[int] = []
-
-    async def main():
-        batch = DecodeBatch(engine.lm.model, engine.windows)
-        worker = ModelWorker(
-            max_queue=8,
-            step=batch.step,
-            max_batch=8,
-            prefill_budget=40,
-            on_idle=batch.clear,
-            feed_together=functools.partial(feed_together, windows=engine.windows),
-        )
-        prefill = worker._prefill
-        worker._prefill = lambda *a: spent.append(prefill(*a)) or spent[-1]  # each iteration's tokens
+        if spent is not None:
+            prefill = worker._prefill
+            worker._prefill = lambda *a: spent.append(prefill(*a)) or spent[-1]  # each iteration's tokens
 
         def begin_of(q, p, m):
             def begin():
@@ -419,7 +370,36 @@ def test_no_iteration_prefills_more_than_the_budget(tmp_path):
             out.append(items[-1].token_ids)
         return out, worker
 
-    answers, worker = asyncio.run(main())
+    return asyncio.run(main())
+
+
+def test_questions_admitted_together_share_one_prefill_forward(tmp_path):
+    """Four turbo requests queued at once on a worker with batched prefill (the server's setup): their
+    questions are prefilled in one forward, and every answer is the one it gets alone."""
+    engine = _gemma_engine(tmp_path)
+    params = SamplingParams(max_new_tokens=6)
+    boats = "The harbour of Velmora has boats. "
+    asks = [
+        (f"Who rings bell {i}?", [f"Odrun Pask rings bell {i}.", boats * (i + 1)], "turbo") for i in range(4)
+    ]
+    alone = [engine.answer(q, p, m, params).token_ids for q, p, m in asks]
+    answers, worker = _run_batched(engine, asks, params)
+    assert answers == alone
+    assert worker.prefill_feeds == 4 and worker.prefill_forwards == 1
+
+
+def test_no_iteration_prefills_more_than_the_budget(tmp_path):
+    """A `full` request over long passages and four turbo questions queued together, forwards of at most 16
+    tokens, a budget of 40 tokens an iteration: the worker never starts a forward that would take the
+    iteration past the budget (padding of a batched forward counted), and every answer is as alone."""
+    engine = _gemma_engine(tmp_path, prefill_chunk=16)
+    params = SamplingParams(max_new_tokens=4)
+    long_passages = [f"Passage {i} tells of the harbour town of Velmora and its boats." for i in range(4)]
+    asks = [("What is Velmora?", long_passages, "full")]
+    asks += [(f"Who rings bell {i}?", [f"Odrun Pask rings bell {i}."], "turbo") for i in range(4)]
+    alone = [engine.answer(q, p, m, params).token_ids for q, p, m in asks]
+    spent: list[int] = []
+    answers, worker = _run_batched(engine, asks, params, spent, prefill_budget=40)
     assert answers == alone
     assert max(spent) <= 40 and worker.longest_prefill_tokens == max(spent), spent
     assert sum(spent) >= 5 * 16  # the full prompt alone is over 200 tokens: the work was spread out

@@ -124,7 +124,7 @@ def floor_ttft(engine: Engine, question: str, passages: Sequence[str]) -> float:
     an abstention threshold (the shipped adapter has one) the reply is scored in the same forward, as turbo
     does: that is model work, not loading (`bench abstain` measures what it costs)."""
     prompt = engine.layout.build(question, list(passages))
-    reserve = len(prompt.suffix) + len(engine.abstain_ids) + 8
+    reserve = len(prompt.suffix) + len(engine.scored_reply) + 8
     cache, next_pos, _, _ = engine.assemble(prompt, "turbo", reserve)
     t = time.perf_counter()
     logits = engine.prefill_question(cache, prompt, next_pos, scored=True)

@@ -281,9 +281,14 @@ class Engine:
         abstention reply the threshold feeds) do not fit the context window. A server calls it before it
         queues a request, so that one which can never run is refused at once."""
         prompt = self.layout.build(question, list(passages))
-        extra = len(self.abstain_ids) - 1 if self.abstain_threshold is not None else 0
-        self.check_length(len(prompt.ids), max(params.max_new_tokens, extra))
+        self.check_length(len(prompt.ids), max(params.max_new_tokens, len(self.scored_reply)))
         return prompt
+
+    @property
+    def scored_reply(self) -> list[int]:
+        """The tokens fed after the prompt, in its forward, to score the abstention reply: all of the reply
+        but its last token when there is a threshold (reply_logprob), none without one."""
+        return self.abstain_ids[:-1] if self.abstain_threshold is not None else []
 
     def qa_params(self, max_new_tokens: int = 64) -> SamplingParams:
         """The defaults for answering a question from passages. A base model (plain template) does not stop
@@ -347,7 +352,7 @@ class Engine:
         params = params or self.qa_params()
         t0 = time.perf_counter()
         prompt = self.check_fits(question, passages, params)
-        extra = self.abstain_ids[:-1] if self.abstain_threshold is not None else []
+        extra = self.scored_reply
         reserve = params.max_new_tokens + 8  # decode room in the cache buffers
         # With a threshold, the abstention reply (less its last token) is fed right after the prompt in the
         # same forward, its probability read off, and cut back out of the cache (reply_logprob).
@@ -593,7 +598,7 @@ class Engine:
         """Run the question on top of an assembled context; returns the last position's logits (vocab,).
         With `scored` and an abstention threshold, the abstention reply rides in the same forward, as a
         request's does (begin_steps): the same model work, for a floor that compares like with like."""
-        extra = self.abstain_ids[:-1] if scored and self.abstain_threshold is not None else []
+        extra = self.scored_reply if scored else []
         return self._feed(cache, prompt.suffix + extra, next_pos, 1 + len(extra))[0]
 
     def _feed(
