@@ -37,6 +37,6 @@ test-real: setup $(SMOLLM2)
 	$(BIN)/python -m pytest -q -m real_model
 
 lint: setup
-	$(BIN)/ruff check turborag tests scripts examples
+	$(BIN)/ruff check turborag turborag_research tests scripts examples
 
 .PHONY: setup demo test test-real second-model lint

@@ -24,7 +24,7 @@ import xxhash
 from turborag.bench.engine import QUESTION, doc_chunks
 from turborag.core import kv
 from turborag.core.engine import Engine
-from turborag.core.model import cache_dtype_for, load_model, turborag_home
+from turborag.core.model import cache_format_for, load_model, turborag_home
 from turborag.store.kv_store import KVStore
 
 
@@ -38,7 +38,7 @@ def main() -> None:
     args = ap.parse_args()
 
     lm = load_model(args.model, "cpu", args.dtype)
-    engine = Engine(lm, KVStore(turborag_home() / "bench-store", cache_dtype_for(lm.dtype)))
+    engine = Engine(lm, KVStore(turborag_home() / "bench-store", cache_format_for(lm.dtype)))
     chunks = doc_chunks(engine, args.context_tokens, 512)
     engine.precompute(chunks)
     prompt = engine.layout.build(QUESTION, chunks)

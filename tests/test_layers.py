@@ -2,7 +2,9 @@
 
 Layers, lowest first (docs/ARCHITECTURE.md): a module may import only from its own layer and the layers it
 is allowed below. Every import counts, including the ones inside functions (lazy imports are still
-dependencies). The checker is tested on made-up violations too, so this test can fail.
+dependencies). The research code (turborag_research: the data generators and experiment runners) stays out
+of the runtime: only the CLI commands that generate data or run a recipe import it, inside the command, and
+no generator lives under turborag/. The checkers are tested on made-up violations too, so this test can fail.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ ALLOWED: dict[str, set[str]] = {
     "core": {"store"},
     "rag": {"core", "store"},
     "eval": {"core", "rag"},
-    "train": {"core", "eval"},  # synth scores look-alike distractors with eval's answer normalisation
+    "train": {"core"},  # the trainer; the data generators are research code (turborag_research)
     "serve": {"core", "rag", "store"},
     "bench": {"store", "core", "rag", "eval", "train", "serve"},
     "cli": {"store", "core", "rag", "eval", "train", "serve", "bench"},
@@ -135,6 +137,72 @@ def test_no_import_cycles():
     assert cycles(package_graph()) == []
 
 
+RESEARCH = "turborag_research"
+# The generators that moved to turborag_research: no module of the runtime has their names again.
+GENERATORS = ("synth", "realtext", "prose", "docstyle", "mix", "families", "recipe")
+
+
+def research_imports(source: str) -> list[tuple[int, bool]]:
+    """(line, inside a function) of every import of turborag_research in `source`."""
+    found = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            names = []
+            if isinstance(child, ast.Import):
+                names = [alias.name for alias in child.names]
+            elif isinstance(child, ast.ImportFrom) and not child.level:
+                names = [child.module or ""]
+            if any(n == RESEARCH or n.startswith(RESEARCH + ".") for n in names):
+                found.append((child.lineno, in_function))
+            visit(
+                child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            )
+
+    visit(ast.parse(source), False)
+    return found
+
+
+def research_violations(sources: dict[str, str]) -> list[str]:
+    """Imports of turborag_research that the runtime may not have: any outside turborag.cli, and the
+    module-level ones inside it (importing the CLI must not import the research code)."""
+    out = []
+    for name, source in sorted(sources.items()):
+        for line, lazy in research_imports(source):
+            if layer(name) != "cli":
+                out.append(f"{name}:{line} imports {RESEARCH} (only the CLI may, inside a command)")
+            elif not lazy:
+                out.append(f"{name}:{line} imports {RESEARCH} at module level (import it inside the command)")
+    return out
+
+
+def test_the_runtime_imports_research_code_only_lazily_in_the_cli():
+    modules = module_names()
+    assert research_violations({name: path.read_text() for name, path in modules.items()}) == []
+    # the commands that generate data and run a recipe do import it (so the check above checks something)
+    lazy = {name for name, path in modules.items() if research_imports(path.read_text())}
+    assert {"turborag.cli.data", "turborag.cli.finetune"} <= lazy
+
+
+def test_no_generator_is_left_in_the_runtime():
+    left = [m for m in module_names() if m.rpartition(".")[2] in GENERATORS]
+    assert left == [], f"data generators belong in {RESEARCH}/, not in turborag/: {left}"
+
+
+def test_the_research_checker_catches_eager_and_non_cli_imports():
+    eager = "from turborag_research.mix import build_mix\n"
+    lazy = "def f():\n    import turborag_research.recipe as r\n    return r\n"
+    assert research_imports(eager) == [(1, False)] and research_imports(lazy) == [(2, True)]
+    assert research_imports("from turborag.rag import x\nimport turborag_researchers\n") == []
+    got = research_violations(
+        {"turborag.cli.data": eager, "turborag.cli.finetune": lazy, "turborag.core.kv": lazy}
+    )
+    assert got == [
+        "turborag.cli.data:1 imports turborag_research at module level (import it inside the command)",
+        "turborag.core.kv:2 imports turborag_research (only the CLI may, inside a command)",
+    ]
+
+
 def test_the_checker_catches_violations_and_cycles():
     known = {"turborag.core.kv", "turborag.cli.app", "turborag.cli", "turborag.store.kv_store"}
     lazy_upward = "def f():\n    from turborag.cli.app import app\n"
@@ -148,3 +216,32 @@ def test_the_checker_catches_violations_and_cycles():
     a, b, c = "turborag.cli.a", "turborag.cli.b", "turborag.cli.c"
     loop = {a: {b}, b: {a}, c: set()}
     assert violations(loop) == [] and cycles(loop) == [[a, b]]
+
+
+# The catalog's own SQL and its meta table (strings) stay in store/: the rest reads `catalog.settings()`
+# (store/settings.py, typed) and calls the catalog's methods.
+CATALOG_INTERNALS = ("meta", "set_meta", "db")
+
+
+def catalog_internals(source: str) -> list[tuple[int, str]]:
+    """(line, name) of every `x.meta(...)`, `x.set_meta(...)` call and `x.db` use in `source`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and node.attr in CATALOG_INTERNALS:
+            found.append((node.lineno, node.attr))
+    return sorted(found)
+
+
+def test_no_catalog_metadata_or_sql_outside_the_store():
+    out = [
+        f"{name}:{line} uses .{attr}"
+        for name, path in module_names().items()
+        if layer(name) != "store"
+        for line, attr in catalog_internals(path.read_text())
+    ]
+    assert out == [], "read catalog.settings() and call the catalog's methods instead: " + ", ".join(out)
+
+
+def test_the_catalog_checker_catches_reads_and_sql():
+    source = 'size = int(catalog.meta().get("chunk_tokens"))\ncatalog.db.execute("VACUUM")\nf.metadata()\n'
+    assert catalog_internals(source) == [(1, "meta"), (2, "db")]

@@ -32,3 +32,29 @@ def test_license_is_an_spdx_string_and_setuptools_reads_it_without_warnings(monk
         dist = apply_configuration(Distribution(), ROOT / "pyproject.toml")
     assert [str(w.message) for w in caught if "license" in str(w.message).lower()] == []
     assert dist.metadata.license_expression == "Apache-2.0"
+
+
+def test_the_research_package_ships_with_its_data(monkeypatch):
+    """turborag_research (generators, recipes, experiment runners) is installed by the same pyproject, with
+    every data file it reads (the synthetic domains, the recipes) as package data."""
+    from fnmatch import fnmatch
+
+    from setuptools.config.pyprojecttoml import apply_configuration
+    from setuptools.dist import Distribution
+
+    monkeypatch.chdir(ROOT)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dist = apply_configuration(Distribution(), ROOT / "pyproject.toml")
+    assert {"turborag", "turborag.train", "turborag_research", "turborag_research.experiments"} <= set(
+        dist.packages
+    )
+    globs = dist.package_data["turborag_research"]
+    research = ROOT / "turborag_research"
+    data = [
+        p.relative_to(research).as_posix()
+        for p in research.rglob("*")
+        if p.is_file() and p.suffix not in (".py", ".pyc")
+    ]
+    assert "data/synth_domains.json" in data and "recipes/gemma-3-270m-turbo.json" in data
+    assert [f for f in data if not any(fnmatch(f, g) for g in globs)] == []

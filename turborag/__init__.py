@@ -27,6 +27,7 @@ _PUBLIC = {
     "Catalog": "turborag.store.catalog",
     "load_model": "turborag.core.model",
     "Engine": "turborag.core.engine",
+    "EngineOptions": "turborag.core.options",
     "Answer": "turborag.core.engine",
     "MODES": "turborag.core.engine",
     "SamplingParams": "turborag.core.generate",
@@ -44,6 +45,7 @@ __all__ = [
     "Chunker",
     "Embedder",
     "Engine",
+    "EngineOptions",
     "Ingestor",
     "KVStore",
     "Retriever",
@@ -68,6 +70,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from turborag.core.engine import MODES, Answer, Engine
     from turborag.core.generate import SamplingParams
     from turborag.core.model import load_model
+    from turborag.core.options import EngineOptions
     from turborag.rag.chunker import Chunker
     from turborag.rag.embed import Embedder
     from turborag.rag.ingest import Ingestor

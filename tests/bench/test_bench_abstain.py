@@ -20,7 +20,7 @@ runner = CliRunner()
 def test_rows_and_the_threshold_is_restored(tmp_path):
     model, tok = make("gemma3"), char_tokenizer()
     lm = LoadedModel(model, tok, "tiny", fingerprint(model, tok), torch.device("cpu"), torch.float32)
-    engine = Engine(lm, KVStore(tmp_path, dtype="float32"))
+    engine = Engine(lm, KVStore(tmp_path, cache_format="float32"))
     engine.abstain_threshold = 0.35
     rows = bench_abstain_cost(engine, [64, 128], repeats=2, chunk_tokens=32, log=lambda r: None)
     assert [r.context_tokens for r in rows] == [64, 128]

@@ -21,7 +21,7 @@ runner = CliRunner()
 def _engine(tmp_path) -> Engine:
     model, tok = make("gemma3"), char_tokenizer()
     lm = LoadedModel(model, tok, "tiny", fingerprint(model, tok), torch.device("cpu"), torch.float32)
-    return Engine(lm, KVStore(tmp_path, dtype="float32"))
+    return Engine(lm, KVStore(tmp_path, cache_format="float32"))
 
 
 def test_each_mode_is_warmed_up_before_it_is_timed(tmp_path, monkeypatch):

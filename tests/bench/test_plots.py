@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import struct
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,10 +13,9 @@ from typer.testing import CliRunner
 
 from turborag.bench import plots
 from turborag.cli import app
-from turborag.train.synth import generate, write_jsonl
+from turborag_research.synth import generate, write_jsonl
 
 runner = CliRunner()
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "plot_from_json.py"
 
 TTFT = {
     "model": "gemma-3-270m-turbo",
@@ -116,19 +114,21 @@ def test_plot_any_tells_the_commands_apart_and_refuses_other_json(tmp_path):
     assert not (tmp_path / "y.png").exists()
 
 
-def script(saved: Path, png: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), str(saved), str(png)], capture_output=True, text=True)
-
-
-def test_script_plots_a_saved_json(tmp_path):
+def test_bench_plot_draws_a_saved_json(tmp_path):
+    """`turborag bench plot JSON --out PNG`: the plot of a saved --json output, after the run."""
     saved = tmp_path / "serve.json"
     saved.write_text("a log line\n" + json.dumps(SERVE) + "\n")  # the JSON is the last line
-    r = script(saved, tmp_path / "s.png")
-    assert r.returncode == 0, r.stderr
+    r = runner.invoke(app, ["bench", "plot", str(saved), "--out", str(tmp_path / "s.png")])
+    assert r.exit_code == 0, r.output
     assert_png(tmp_path / "s.png")
     saved.write_text('{"something": "else"}\n')
-    r = script(saved, tmp_path / "t.png")
-    assert r.returncode == 2 and r.stderr.startswith("error: ")
+    r = runner.invoke(app, ["bench", "plot", str(saved), "--out", str(tmp_path / "t.png")])
+    assert (
+        r.exit_code == 2 and r.stderr.startswith(f"error: {saved}: ") and "not the --json output" in r.stderr
+    )
+    r = runner.invoke(app, ["bench", "plot", str(tmp_path / "none.json"), "--out", str(tmp_path / "u.png")])
+    assert r.exit_code == 2 and r.stderr.startswith("error: ")
+    assert not (tmp_path / "t.png").exists() and not (tmp_path / "u.png").exists()
 
 
 def test_missing_matplotlib_is_one_line_before_anything_runs(monkeypatch, tmp_path):
@@ -159,8 +159,8 @@ def test_bench_ttft_plot(tiny_model_dir, env):
     assert_png(png)
     saved = env / "ttft.json"  # and the saved JSON draws the same plot later
     saved.write_text(json.dumps(out))
-    r = script(saved, env / "again.png")
-    assert r.returncode == 0, r.stderr
+    r = runner.invoke(app, ["bench", "plot", str(saved), "--out", str(env / "again.png")])
+    assert r.exit_code == 0, r.output
     assert assert_png(env / "again.png") == assert_png(png)
     # a plot that cannot be written is an error, after the results: the measurements are not lost
     bad = runner.invoke(app, [*args, "--context-tokens", "64", "--plot", "/"])

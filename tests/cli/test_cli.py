@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from turborag.cli import app
 from turborag.core.engine import MODES
 from turborag.core.prompt import ABSTAIN
-from turborag.train.synth import generate, write_jsonl
+from turborag_research.synth import generate, write_jsonl
 
 runner = CliRunner()
 

@@ -1,11 +1,12 @@
-"""`turborag data synth|mix --families`: template families on the command line (train/families.py)."""
+"""`turborag data synth|mix --families`: template families on the command line
+(turborag_research/families.py)."""
 
 import json
 
 from typer.testing import CliRunner
 
 from turborag.cli import app
-from turborag.train import families as fam
+from turborag_research import families as fam
 
 runner = CliRunner()
 

@@ -115,7 +115,7 @@ def test_a_compressed_store_takes_about_half_the_bytes_and_answers(env, tiny_mod
     small = cli_json(runner.invoke(app, [*ingest, "--store", str(env / "int8"), "--cache-format", "int8"]))
     assert small["chunks"] == plain["chunks"] and small["cache_bytes"] < 0.6 * plain["cache_bytes"]
     stats = cli_json(runner.invoke(app, ["cache", "stats", "--store", str(env / "int8"), "--json"]))
-    assert stats["store_dtype"] == "int8" and stats["missing_caches"] == 0
+    assert stats["cache_format"] == "int8" and stats["missing_caches"] == 0
     question = [*ASK, "--max-new-tokens", "4"]
     out = cli_json(runner.invoke(app, [*question, "--store", str(env / "int8")]))
     assert out["cached_tokens"] > 0 and out["chunks"][0].split("#")[0].endswith("harbour.md")

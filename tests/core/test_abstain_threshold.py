@@ -26,7 +26,7 @@ MODES = ("full", "turbo", "turbo-blend")
 
 
 def _engine(lm, tmp_path, threshold):
-    engine = Engine(lm, KVStore(tmp_path, dtype="float32"))
+    engine = Engine(lm, KVStore(tmp_path, cache_format="float32"))
     engine.stop_ids = set()  # random weights may pick EOS first: decode every request its full length
     engine.abstain_threshold = threshold
     return engine

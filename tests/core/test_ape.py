@@ -18,6 +18,7 @@ from turborag.core import ape
 from turborag.core.batch import DecodeBatch
 from turborag.core.engine import Engine
 from turborag.core.generate import SamplingParams
+from turborag.core.options import EngineOptions
 from turborag.store.kv_store import KVStore
 
 Q = "Who founded Veltrano?"
@@ -43,7 +44,9 @@ def _logits(engine: Engine, mode: str, tokens: int = 6) -> torch.Tensor:
 
 @pytest.mark.parametrize("mode", ["turbo-ape", "turbo-ape-epic"])
 def test_temperature_and_scale_one_is_plain_attention(tiny_lm, tmp_path, mode):
-    engine = Engine(tiny_lm, KVStore(tmp_path, dtype="float32"), ape_temperature=1.0, ape_scale=1.0)
+    engine = Engine(
+        tiny_lm, KVStore(tmp_path, cache_format="float32"), EngineOptions(ape_temperature=1.0, ape_scale=1.0)
+    )
     plain = "turbo" if mode == "turbo-ape" else "turbo-epic"
     a, b = _logits(engine, mode), _logits(engine, plain)
     assert a.shape == b.shape
@@ -53,7 +56,9 @@ def test_temperature_and_scale_one_is_plain_attention(tiny_lm, tmp_path, mode):
 def test_sliding_layers_hold_the_tail_and_ape_still_matches(gemma_lm, tmp_path):
     """The tiny Gemma 3 has a 16-token window: its sliding layers hold only the context's tail, so the
     context span is shifted there; with T = S = 1 the result is still turbo's."""
-    engine = Engine(gemma_lm, KVStore(tmp_path, dtype="float32"), ape_temperature=1.0, ape_scale=1.0)
+    engine = Engine(
+        gemma_lm, KVStore(tmp_path, cache_format="float32"), EngineOptions(ape_temperature=1.0, ape_scale=1.0)
+    )
     seq = engine.begin(Q, PASSAGES, "turbo-ape")
     offsets = [getattr(layer, "offset", 0) for layer in seq.cache.layers]
     assert max(offsets) > 0  # some layer dropped the start of the context
@@ -62,7 +67,9 @@ def test_sliding_layers_hold_the_tail_and_ape_still_matches(gemma_lm, tmp_path):
 
 
 def test_other_settings_change_the_logits(tiny_lm, tmp_path):
-    engine = Engine(tiny_lm, KVStore(tmp_path, dtype="float32"), ape_temperature=0.5, ape_scale=0.7)
+    engine = Engine(
+        tiny_lm, KVStore(tmp_path, cache_format="float32"), EngineOptions(ape_temperature=0.5, ape_scale=0.7)
+    )
     assert (_logits(engine, "turbo-ape", 1) - _logits(engine, "turbo", 1)).abs().max().item() > 1e-4
 
 
@@ -112,7 +119,7 @@ def test_no_visible_context_is_plain_softmax():
 
 
 def test_the_model_is_switched_back_after_use(tiny_lm, tmp_path):
-    engine = Engine(tiny_lm, KVStore(tmp_path, dtype="float32"))
+    engine = Engine(tiny_lm, KVStore(tmp_path, cache_format="float32"))
     before = tiny_lm.model.config._attn_implementation
     engine.answer(Q, PASSAGES, "turbo-ape", SamplingParams(max_new_tokens=3))
     assert tiny_lm.model.config._attn_implementation == before
@@ -121,7 +128,7 @@ def test_the_model_is_switched_back_after_use(tiny_lm, tmp_path):
 def test_a_batch_of_ape_rows_decodes_as_each_alone(gemma_lm, tmp_path):
     """Greedy tokens of turbo-ape requests decoded together equal their tokens decoded alone (invariant 6),
     with a plain turbo row in the same batch."""
-    engine = Engine(gemma_lm, KVStore(tmp_path, dtype="float32"))
+    engine = Engine(gemma_lm, KVStore(tmp_path, cache_format="float32"))
     params = SamplingParams(max_new_tokens=8, stop_at_newline=False)
     cases = [
         (Q, PASSAGES, "turbo-ape"),

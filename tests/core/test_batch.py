@@ -29,7 +29,7 @@ TOL = 1e-4
 def _engine(kind: str, tmp_path) -> Engine:
     model, tok = make(kind), char_tokenizer()
     lm = LoadedModel(model, tok, f"tiny-{kind}", fingerprint(model, tok), torch.device("cpu"), torch.float32)
-    engine = Engine(lm, KVStore(tmp_path / kind, dtype="float32"))
+    engine = Engine(lm, KVStore(tmp_path / kind, cache_format="float32"))
     engine.stop_ids = set()  # random weights pick EOS early on some models: run every request its length
     return engine
 

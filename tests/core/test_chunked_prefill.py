@@ -9,6 +9,7 @@ import torch
 
 from turborag.core.engine import Engine
 from turborag.core.generate import SamplingParams
+from turborag.core.options import EngineOptions
 from turborag.store.kv_store import KVStore
 
 Q = "Who founded Veltrano, and in which city did the founder live when the company was started?"
@@ -33,8 +34,8 @@ def _run(engine: Engine, seq) -> torch.Tensor:
 
 @pytest.mark.parametrize("mode", ["full", "turbo", "turbo-ape"])
 def test_chunked_prefill_equals_one_forward(tiny_lm, tmp_path, mode):
-    whole = Engine(tiny_lm, KVStore(tmp_path, dtype="float32"), prefill_chunk=100_000)
-    chunked = Engine(tiny_lm, KVStore(tmp_path, dtype="float32"), prefill_chunk=7)
+    whole = Engine(tiny_lm, KVStore(tmp_path, cache_format="float32"), EngineOptions(prefill_chunk=100_000))
+    chunked = Engine(tiny_lm, KVStore(tmp_path, cache_format="float32"), EngineOptions(prefill_chunk=7))
     a = _run(whole, whole.begin(Q, PASSAGES, mode, PARAMS))
     b = _run(chunked, chunked.begin(Q, PASSAGES, mode, PARAMS))
     assert a.shape == b.shape
@@ -45,8 +46,8 @@ def test_chunked_prefill_with_the_abstention_reply(gemma_lm, tmp_path):
     """The reply is fed after the prompt (engine.reply_logprob): its logits must come from one forward
     even when the chunks would split them."""
     gemma_lm.abstain_threshold = 0.99
-    whole = Engine(gemma_lm, KVStore(tmp_path, dtype="float32"), prefill_chunk=100_000)
-    chunked = Engine(gemma_lm, KVStore(tmp_path, dtype="float32"), prefill_chunk=5)
+    whole = Engine(gemma_lm, KVStore(tmp_path, cache_format="float32"), EngineOptions(prefill_chunk=100_000))
+    chunked = Engine(gemma_lm, KVStore(tmp_path, cache_format="float32"), EngineOptions(prefill_chunk=5))
     a = whole.answer(Q, PASSAGES, "full", PARAMS)
     b = chunked.answer(Q, PASSAGES, "full", PARAMS)
     assert a.abstain_logprob == pytest.approx(b.abstain_logprob, abs=1e-4)
@@ -54,7 +55,7 @@ def test_chunked_prefill_with_the_abstention_reply(gemma_lm, tmp_path):
 
 
 def test_steps_yield_each_forward_and_cover_the_prompt(gemma_lm, tmp_path):
-    engine = Engine(gemma_lm, KVStore(tmp_path, dtype="float32"), prefill_chunk=16)
+    engine = Engine(gemma_lm, KVStore(tmp_path, cache_format="float32"), EngineOptions(prefill_chunk=16))
     steps = engine.begin_steps(Q, PASSAGES, "full", PARAMS)
     counts = []
     while True:
@@ -71,8 +72,10 @@ def test_steps_yield_each_forward_and_cover_the_prompt(gemma_lm, tmp_path):
 
 def test_plain_prompt_chunked(gemma_lm, tmp_path):
     ids = gemma_lm.tokenizer(" ".join(PASSAGES) + " " + Q)["input_ids"]
-    whole = Engine(gemma_lm, KVStore(tmp_path, dtype="float32"), prefill_chunk=100_000)
-    chunked = Engine(gemma_lm, KVStore(tmp_path / "b", dtype="float32"), prefill_chunk=9)
+    whole = Engine(gemma_lm, KVStore(tmp_path, cache_format="float32"), EngineOptions(prefill_chunk=100_000))
+    chunked = Engine(
+        gemma_lm, KVStore(tmp_path / "b", cache_format="float32"), EngineOptions(prefill_chunk=9)
+    )
     a = _run(whole, whole.begin_prompt(ids, PARAMS))
     b = _run(chunked, chunked.begin_prompt(ids, PARAMS))
     assert (a - b).abs().max().item() < 1e-4
@@ -80,4 +83,4 @@ def test_plain_prompt_chunked(gemma_lm, tmp_path):
 
 def test_prefill_chunk_must_be_positive(gemma_lm, tmp_path):
     with pytest.raises(ValueError, match="prefill_chunk"):
-        Engine(gemma_lm, KVStore(tmp_path), prefill_chunk=0)
+        Engine(gemma_lm, KVStore(tmp_path), EngineOptions(prefill_chunk=0))

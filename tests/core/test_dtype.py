@@ -7,7 +7,7 @@ import torch
 
 from turborag.core import files as files_mod
 from turborag.core import model as model_mod
-from turborag.core.model import ModelError, cache_dtype_for, resolve_dtype
+from turborag.core.model import ModelError, cache_format_for, resolve_dtype
 
 CPU = torch.device("cpu")
 
@@ -52,9 +52,9 @@ def test_cpu_flags_are_read_not_assumed(tmp_path, flags, expected):
 
 
 def test_caches_are_kept_in_the_compute_dtype_when_it_is_16_bit():
-    assert cache_dtype_for(torch.bfloat16) == "bfloat16"
-    assert cache_dtype_for(torch.float16) == "float16"
-    assert cache_dtype_for(torch.float32) == "float16"
+    assert cache_format_for(torch.bfloat16) == "bfloat16"
+    assert cache_format_for(torch.float16) == "float16"
+    assert cache_format_for(torch.float32) == "float16"
 
 
 def test_file_digests_are_remembered_until_the_file_changes(tmp_path, monkeypatch):

@@ -18,7 +18,7 @@ Q = "Who founded Veltrano?"
 
 
 def test_one_chunk_generation_same_in_full_and_turbo(tiny_lm, tmp_path):
-    engine = Engine(tiny_lm, KVStore(tmp_path, dtype="float32"))
+    engine = Engine(tiny_lm, KVStore(tmp_path, cache_format="float32"))
     engine.stop_ids = set()  # a random model may emit EOS first: compare 12 tokens, never an empty answer
     params = SamplingParams(max_new_tokens=12)
     for passage in PASSAGES:
@@ -58,8 +58,8 @@ def test_fp16_store_close_to_fp32(gemma_lm, tmp_path):
 
     from turborag.core import hf_compat, kv
 
-    engine32 = Engine(gemma_lm, KVStore(tmp_path / "a", dtype="float32"))
-    engine16 = Engine(gemma_lm, KVStore(tmp_path / "b", dtype="float16"))
+    engine32 = Engine(gemma_lm, KVStore(tmp_path / "a", cache_format="float32"))
+    engine16 = Engine(gemma_lm, KVStore(tmp_path / "b", cache_format="float16"))
     outs = []
     for engine in (engine32, engine16):
         prompt = engine.layout.build(Q, PASSAGES)
@@ -113,7 +113,7 @@ def test_modes_constant():
 @pytest.mark.parametrize("cache_aware,expected", [(True, "turbo"), (False, UNTUNED_MODE)])
 def test_auto_is_turbo_only_on_a_cache_aware_model(gemma_lm, tmp_path, cache_aware, expected):
     gemma_lm.cache_aware = cache_aware
-    engine = Engine(gemma_lm, KVStore(tmp_path, dtype="float32"))
+    engine = Engine(gemma_lm, KVStore(tmp_path, cache_format="float32"))
     p = SamplingParams(max_new_tokens=6)
     auto = engine.answer(Q, PASSAGES, "auto", p)
     assert auto.mode == expected and engine.answer(Q, PASSAGES, params=p).mode == expected

@@ -20,6 +20,7 @@ from turborag.core.engine import Engine
 from turborag.core.feeds import Feed, feed_together, together
 from turborag.core.generate import SamplingParams
 from turborag.core.model import LoadedModel, fingerprint
+from turborag.core.options import EngineOptions
 from turborag.store.kv_store import KVStore
 
 WORDS = "amber basalt cobalt delta ember fjord garnet harbor indigo jasper kelp lumen".split()
@@ -30,7 +31,7 @@ def _engine(kind: str, tmp_path, threshold: float | None = None) -> Engine:
     model, tok = make(kind), char_tokenizer()
     lm = LoadedModel(model, tok, f"tiny-{kind}", fingerprint(model, tok), torch.device("cpu"), torch.float32)
     lm.abstain_threshold = threshold
-    engine = Engine(lm, KVStore(tmp_path / kind, dtype="float32"), prefill_chunk=24)
+    engine = Engine(lm, KVStore(tmp_path / kind, cache_format="float32"), EngineOptions(prefill_chunk=24))
     engine.stop_ids = set()
     return engine
 
@@ -105,7 +106,7 @@ def test_feeds_together_equal_each_alone(kind, seed, threshold, tmp_path):
 
 
 def test_an_ape_feed_or_an_empty_cache_runs_alone(gemma_lm, tmp_path):
-    engine = Engine(gemma_lm, KVStore(tmp_path, dtype="float32"))
+    engine = Engine(gemma_lm, KVStore(tmp_path, cache_format="float32"))
     ape = next(engine.begin_steps("Which word?", ["amber basalt."], "turbo-ape", PARAMS, defer=True))
     full = next(engine.begin_steps("Which word?", ["amber basalt."], "full", PARAMS, defer=True))
     turbo = next(engine.begin_steps("Which word?", ["amber basalt."], "turbo", PARAMS, defer=True))

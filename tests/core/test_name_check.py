@@ -83,7 +83,7 @@ def test_any_question_mentions_its_own_names():
 
 
 def _engine(lm, tmp_path, check):
-    engine = Engine(lm, KVStore(tmp_path, dtype="float32"))
+    engine = Engine(lm, KVStore(tmp_path, cache_format="float32"))
     engine.stop_ids = set()  # random weights may pick EOS first: decode every request its full length
     engine.name_check = check
     return engine

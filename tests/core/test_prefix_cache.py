@@ -6,6 +6,7 @@ import torch
 
 from turborag.core.engine import Engine
 from turborag.core.generate import SamplingParams
+from turborag.core.options import EngineOptions
 from turborag.core.prefix_cache import PrefixCache, block_keys
 from turborag.store.kv_store import KVStore
 
@@ -17,8 +18,8 @@ def _ids(engine, text):
 
 
 def test_reuse_is_exact_and_reported(tiny_lm, tmp_path):
-    engine = Engine(tiny_lm, KVStore(tmp_path), prefix_block=16)
-    cold = Engine(tiny_lm, KVStore(tmp_path), prefix_block=16)  # never sees step 1
+    engine = Engine(tiny_lm, KVStore(tmp_path), EngineOptions(prefix_block=16))
+    cold = Engine(tiny_lm, KVStore(tmp_path), EngineOptions(prefix_block=16))  # never sees step 1
     params = SamplingParams(max_new_tokens=8)
     first = list(engine.complete_stream(_ids(engine, SYSTEM + "User: step one"), params))[-1]
     assert first.cached_tokens == 0
@@ -33,7 +34,7 @@ def test_reuse_is_exact_and_reported(tiny_lm, tmp_path):
 
 
 def test_identical_prompt_keeps_one_token_to_prefill(gemma_lm, tmp_path):
-    engine = Engine(gemma_lm, KVStore(tmp_path), prefix_block=8)
+    engine = Engine(gemma_lm, KVStore(tmp_path), EngineOptions(prefix_block=8))
     ids = _ids(engine, "exactly thirty-two characters!!")[:32]
     assert len(ids) == 32
     a = list(engine.complete_stream(ids, SamplingParams(max_new_tokens=4)))[-1]

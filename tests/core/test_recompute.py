@@ -7,6 +7,7 @@ import torch
 from turborag.core import hf_compat, kv, recompute
 from turborag.core.engine import Engine
 from turborag.core.generate import SamplingParams
+from turborag.core.options import EngineOptions
 from turborag.store.kv_store import KVStore
 
 Q = "Who founded Veltrano?"
@@ -37,13 +38,13 @@ def _suffix_logits(engine: Engine, selected_fn) -> tuple[torch.Tensor, torch.Ten
 
 
 def test_recomputing_everything_after_chunk0_is_exact(tiny_lm, tmp_path):
-    engine = Engine(tiny_lm, KVStore(tmp_path, dtype="float32"))
+    engine = Engine(tiny_lm, KVStore(tmp_path, cache_format="float32"))
     turbo, full = _suffix_logits(engine, lambda p, lengths, *_: list(range(p + lengths[0], p + sum(lengths))))
     assert (turbo - full).abs().max().item() < 1e-4
 
 
 def test_blend_ratio_one_is_exact_and_zero_is_turbo(tiny_lm, tmp_path):
-    engine = Engine(tiny_lm, KVStore(tmp_path, dtype="float32"))
+    engine = Engine(tiny_lm, KVStore(tmp_path, cache_format="float32"))
 
     def blend(ratio):
         def pick(p, lengths, cache, ids):
@@ -60,7 +61,7 @@ def test_blend_ratio_one_is_exact_and_zero_is_turbo(tiny_lm, tmp_path):
 
 
 def test_blend_picks_deviating_tokens_not_first_chunk(gemma_lm, tmp_path):
-    engine = Engine(gemma_lm, KVStore(tmp_path, dtype="float32"))
+    engine = Engine(gemma_lm, KVStore(tmp_path, cache_format="float32"))
     picked = {}
 
     def pick(p, lengths, cache, ids):
@@ -80,14 +81,14 @@ def test_epic_indices():
 
 
 def test_engine_modes_report_recomputed_tokens(gemma_lm, tmp_path):
-    engine = Engine(gemma_lm, KVStore(tmp_path), recompute_k=4, recompute_ratio=0.25)
+    engine = Engine(gemma_lm, KVStore(tmp_path), EngineOptions(recompute_k=4, recompute_ratio=0.25))
     params = SamplingParams(max_new_tokens=3)
     turbo = engine.answer(Q, PASSAGES, "turbo", params)
     epic = engine.answer(Q, PASSAGES, "turbo-epic", params)
     blend = engine.answer(Q, PASSAGES, "turbo-blend", params)
     assert turbo.cached_tokens - epic.cached_tokens == 8  # 4 tokens of chunks 1 and 2
     assert blend.cached_tokens < turbo.cached_tokens
-    k0 = Engine(gemma_lm, KVStore(tmp_path), recompute_k=0)
+    k0 = Engine(gemma_lm, KVStore(tmp_path), EngineOptions(recompute_k=0))
     assert k0.answer(Q, PASSAGES, "turbo-epic", params).token_ids == turbo.token_ids
 
 
@@ -108,7 +109,7 @@ def test_recompute_modes_with_one_kv_head(tmp_path):
     )
     model, tok = Gemma3ForCausalLM(cfg).eval(), char_tokenizer()
     lm = LoadedModel(model, tok, "tiny-1kv", fingerprint(model, tok), torch.device("cpu"), torch.float32)
-    engine = Engine(lm, KVStore(tmp_path), recompute_k=4, recompute_ratio=0.2)
+    engine = Engine(lm, KVStore(tmp_path), EngineOptions(recompute_k=4, recompute_ratio=0.2))
     for mode in ("turbo-epic", "turbo-blend"):
         a = engine.answer(Q, PASSAGES, mode, SamplingParams(max_new_tokens=3))
         assert a.completion_tokens >= 1 and a.cached_tokens < a.prompt_tokens

@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from turborag.cli import app
 from turborag.core.engine import Engine
 from turborag.core.model import CALIBRATION_FILE, ModelError, load_model
+from turborag.core.options import EngineOptions
 from turborag.eval.calibrate import CANDIDATES, Candidate, calibrate
 from turborag.eval.evaluate import load_examples
 from turborag.store.kv_store import KVStore
@@ -55,7 +56,7 @@ def test_calibrate_records_the_best_candidate_and_auto_uses_it(env, model_copy, 
     assert written["mode"] == record["mode"] and written["settings"] == record["settings"]
 
     lm = load_model(str(model_copy), dtype="float32")
-    engine = Engine(lm, KVStore(tmp_path / "s", dtype="float32"))
+    engine = Engine(lm, KVStore(tmp_path / "s", cache_format="float32"))
     assert engine.resolve_mode("auto") == record["mode"]
     for name, value in record["settings"].items():
         assert getattr(engine, name) == value
@@ -70,11 +71,11 @@ def test_auto_uses_the_recorded_settings_and_says_when_below_full(gemma_lm, tmp_
         "full_accuracy": 0.50,
         "n": 60,
     }
-    engine = Engine(gemma_lm, KVStore(tmp_path, dtype="float32"))
+    engine = Engine(gemma_lm, KVStore(tmp_path, cache_format="float32"))
     assert engine.resolve_mode("auto") == "turbo-ape"
     assert (engine.ape_temperature, engine.ape_scale) == (0.7, 0.8)
     assert "10% below full" in engine.auto_notice()
-    explicit = Engine(gemma_lm, KVStore(tmp_path, dtype="float32"), ape_temperature=1.0)
+    explicit = Engine(gemma_lm, KVStore(tmp_path, cache_format="float32"), EngineOptions(ape_temperature=1.0))
     assert explicit.ape_temperature == 1.0  # an explicit setting wins over the record
 
 
@@ -98,7 +99,7 @@ def test_dry_run_writes_nothing(env, model_copy, tmp_path):
 
 
 def test_candidates_restore_the_engine_settings(gemma_lm, tmp_path):
-    engine = Engine(gemma_lm, KVStore(tmp_path, dtype="float32"))
+    engine = Engine(gemma_lm, KVStore(tmp_path, cache_format="float32"))
     data = _qa_file(tmp_path / "qa.jsonl")
     examples, _ = load_examples(data, 1)
     before = engine.ape_temperature

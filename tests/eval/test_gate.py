@@ -6,7 +6,6 @@ import json
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -143,7 +142,7 @@ def test_cli_names_missing_sets_and_how_to_build_them(tmp_path, monkeypatch):
     assert r.exit_code == 2
     assert "rgb-en5: no RGB folder" in r.output and "CC BY-NC-SA" in r.output
     assert "synth-unseen" in r.output and "turborag data mix" in r.output
-    assert "langref_eval.py" in r.output
+    assert "turborag data langref" in r.output
     r = runner.invoke(app, ["gate", "a", "--against", "b", "--sets", "rgb-en5,nope"])
     assert r.exit_code == 2 and "unknown gate set nope" in r.output
     r = runner.invoke(
@@ -174,12 +173,13 @@ def test_cli_gate_on_a_tiny_model_end_to_end(tiny_model_dir, env):
     ]
 
 
-def test_gate_table_script_lays_out_every_stored_model(tmp_path):
+def test_gate_table_lays_out_every_stored_model(tmp_path):
+    """turborag_research/experiments/gate_table.py: every model the gate has answered with, in one table."""
     out = tmp_path / "gate"
     _store_answers(out, "base", "rgb-en5", [True, False, False, False])
     _store_answers(out, "shipped", "rgb-en5", [True, True, True, False])
-    script = Path(__file__).resolve().parents[2] / "scripts" / "gate_table.py"
-    r = subprocess.run([sys.executable, str(script), "--out", str(out)], capture_output=True, text=True)
+    cmd = [sys.executable, "-m", "turborag_research.experiments.gate_table", "--out", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0] == "| model | rgb-en5 full | rgb-en5 turbo |"

@@ -1,19 +1,19 @@
-"""scripts/heldout_evals.py: one eval per set, a table of greedy and thresholded results, resumable."""
+"""turborag_research/experiments/heldout_evals.py: one eval per set, a table of greedy and thresholded
+results, resumable."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-from turborag.train.synth import generate, write_jsonl
+from turborag_research.synth import generate, write_jsonl
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "heldout_evals.py"
+RUNNER = "turborag_research.experiments.heldout_evals"
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600)
+    return subprocess.run([sys.executable, "-m", RUNNER, *args], capture_output=True, text=True, timeout=600)
 
 
 def test_runs_each_set_then_keeps_finished_ones(tiny_model_dir, env):

@@ -1,5 +1,5 @@
 """The hand-written questions over the demo corpus (turborag/data/langref_qa.jsonl and, naming code the way
-users write it, langref_names_qa.jsonl; used by scripts/langref_eval.py): every answerable one has spans
+users write it, langref_names_qa.jsonl; used by `turborag data langref`): every answerable one has spans
 that its corpus states, and the unanswerable ones ask about what the corpus does not cover."""
 
 import json

@@ -1,4 +1,5 @@
-"""scripts/stage_curve.py: a stage's curve from heldout_evals result folders, skipping unevaluated points."""
+"""turborag_research/experiments/stage_curve.py: a stage's curve from heldout_evals result folders, skipping
+unevaluated points."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "stage_curve.py"
+RUNNER = "turborag_research.experiments.stage_curve"
 
 
 def _result(folder: Path, name: str, accuracy: float, mode: str = "turbo") -> None:
@@ -16,7 +17,7 @@ def _result(folder: Path, name: str, accuracy: float, mode: str = "turbo") -> No
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", RUNNER, *args], capture_output=True, text=True, timeout=120)
 
 
 def test_plots_points_in_step_order_and_skips_missing(tmp_path):

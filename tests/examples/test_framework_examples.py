@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from turborag.bench.serve import ServedApp
 from turborag.cli import app
-from turborag.cli.serve import serve_backend
+from turborag.cli.serve import served_for
 from turborag.serve import create_app
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -60,7 +60,7 @@ def served(tmp_path_factory, tiny_model_dir):
     args = ["ingest", str(write_corpus(home / "docs")), "--store", str(store), "--model", tiny_model_dir]
     r = CliRunner().invoke(app, [*args, "--chunk-tokens", "64"])
     assert r.exit_code == 0, r.output
-    backend = serve_backend(store, None, "cpu", 8)
+    backend = served_for(store, None, "cpu", 8)
     engine, begun = backend.engine, []
     begin_steps = engine.begin_steps  # the server prefills in steps (chunked prefill)
 

@@ -24,6 +24,7 @@ from turborag.rag.ingest import Ingestor, StoreWriteError, remove
 from turborag.rag.retrieve import Retriever
 from turborag.store.catalog import Catalog, StoreError
 from turborag.store.kv_store import KVStore
+from turborag.store.settings import StoreSettings
 
 runner = CliRunner()
 
@@ -32,13 +33,15 @@ def _setup(root, lm, size=64, overlap=8):
     catalog = Catalog(root, create=True)
     engine = Engine(lm, KVStore(root))
     catalog.bind(
-        lm.name,
-        lm.fingerprint,
-        template=engine.layout.template,
-        store_dtype="float16",
-        embedder=EMBEDDER,
-        chunk_tokens=size,
-        chunk_overlap=overlap,
+        StoreSettings(
+            model=lm.name,
+            model_fingerprint=lm.fingerprint,
+            template=engine.layout.template,
+            cache_format="float16",
+            embedder=EMBEDDER,
+            chunk_tokens=size,
+            chunk_overlap=overlap,
+        )
     )
     return engine, catalog, Ingestor(engine, catalog, Embedder(), Chunker(lm.tokenizer, size, overlap))
 
@@ -154,9 +157,11 @@ def test_store_validation(tmp_path, gemma_lm):
 
     _setup(tmp_path / "store", gemma_lm)
     with pytest.raises(StoreError, match="was built with model tiny-gemma3"):
-        Catalog(tmp_path / "store").check("other", "f" * 32)
+        Catalog(tmp_path / "store").check(StoreSettings(model="other", model_fingerprint="f" * 32))
     with pytest.raises(StoreError, match="chunk tokens 64, not 128"):
-        Catalog(tmp_path / "store").bind("tiny-gemma3", gemma_lm.fingerprint, chunk_tokens=128)
+        Catalog(tmp_path / "store").bind(
+            StoreSettings(model="tiny-gemma3", model_fingerprint=gemma_lm.fingerprint, chunk_tokens=128)
+        )
     Catalog(tmp_path / "store").set_meta(schema="0")
     with pytest.raises(StoreError, match="format version 0/1; this turborag reads 2/1"):
         Catalog(tmp_path / "store")
@@ -258,3 +263,19 @@ def test_kill_and_resume(tmp_path, tiny_model_dir, computed):
     total = Catalog(store).stats()
     assert out["chunks"] == total["chunks"] and out["new_chunks"] == total["chunks"] - committed
     assert len(computed) == total["cache_entries"] - len(on_disk)  # nothing stored before is recomputed
+
+
+def test_ingest_tokenizes_and_keys_each_chunk_once(tmp_path, gemma_lm, monkeypatch):
+    """Ingest hands the engine the token ids and keys it made (Engine.precompute_ids), so a chunk is
+    tokenized once, not again by the engine; and the progress it reports adds up to what it computed."""
+    docs = write_corpus(tmp_path / "docs")
+    engine, catalog, ing = _setup(tmp_path / "store", gemma_lm)
+    calls = []
+    real_ids, real_key = engine.layout.chunk_ids, engine.key
+    monkeypatch.setattr(engine.layout, "chunk_ids", lambda text: calls.append("ids") or real_ids(text))
+    monkeypatch.setattr(engine, "key", lambda ids: calls.append("key") or real_key(ids))
+    advanced = []
+    monkeypatch.setattr(ing.progress, "advance", lambda chunks, tokens: advanced.append((chunks, tokens)))
+    res = ing.run([docs])
+    assert res.chunks > 10 and calls.count("ids") == calls.count("key") == res.chunks
+    assert sum(c for c, _ in advanced) == res.computed_chunks and sum(t for _, t in advanced) == res.tokens

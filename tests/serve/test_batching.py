@@ -16,7 +16,8 @@ from turborag.bench.serve import ServedApp
 from turborag.core.engine import Engine
 from turborag.core.generate import SamplingParams
 from turborag.core.model import LoadedModel, fingerprint
-from turborag.serve import Backend, create_app
+from turborag.core.options import EngineOptions
+from turborag.serve import Served, create_app
 from turborag.serve.worker import Generation, ModelWorker
 from turborag.store.kv_store import KVStore
 
@@ -98,7 +99,7 @@ PASSAGES = [
 def test_concurrent_requests_are_batched_and_answered_as_alone(tmp_path):
     model, tok = make("gemma3"), char_tokenizer()
     lm = LoadedModel(model, tok, "tiny-gemma3", fingerprint(model, tok), torch.device("cpu"), torch.float32)
-    engine = Engine(lm, KVStore(tmp_path / "kv", dtype="float32"))
+    engine = Engine(lm, KVStore(tmp_path / "kv", cache_format="float32"))
     engine.stop_ids = set()  # random weights may pick EOS at once: let every answer run its length
     newline = engine.layout.template == "plain"  # the server stops a base model's answer at a newline
     requests = [
@@ -109,7 +110,7 @@ def test_concurrent_requests_are_batched_and_answered_as_alone(tmp_path):
         engine.answer(r["q"], r["contexts"], r["mode"], SamplingParams(r["n"], stop_at_newline=newline)).text
         for r in requests
     ]
-    app = create_app(Backend(engine, "tiny-gemma3", default_max_tokens=8), max_batch=4)
+    app = create_app(Served(engine, "tiny-gemma3", default_max_tokens=8), max_batch=4)
     widths: list[int] = []
     step = app.state.worker.step
 
@@ -217,7 +218,7 @@ def test_a_short_request_waits_one_forward_behind_a_long_full_prefill(tmp_path):
     model = make("gemma3")
     tok = char_tokenizer()
     lm = LoadedModel(model, tok, "tiny", fingerprint(model, tok), torch.device("cpu"), torch.float32)
-    engine = Engine(lm, KVStore(tmp_path, dtype="float32"), prefill_chunk=16)
+    engine = Engine(lm, KVStore(tmp_path, cache_format="float32"), EngineOptions(prefill_chunk=16))
     long_passages = [f"Passage {i} tells of the harbour town of Velmora and its boats." for i in range(6)]
     short = ("Who?", ["Odrun Pask rings the bell."])
     params = SamplingParams(max_new_tokens=4, stop_at_newline=False)
@@ -274,7 +275,7 @@ def test_over_http_a_short_request_is_not_held_behind_a_long_full_prefill(tmp_pa
 
     model, tok = make("gemma3"), char_tokenizer()
     lm = LoadedModel(model, tok, "tiny-gemma3", fingerprint(model, tok), torch.device("cpu"), torch.float32)
-    engine = Engine(lm, KVStore(tmp_path / "kv", dtype="float32"))
+    engine = Engine(lm, KVStore(tmp_path / "kv", cache_format="float32"))
     events: list[str] = []
     begin_steps = engine.begin_steps
 
@@ -293,7 +294,7 @@ def test_over_http_a_short_request_is_not_held_behind_a_long_full_prefill(tmp_pa
             sent = yield step  # a deferred forward's logits, from the worker
 
     engine.begin_steps = logged
-    backend = Backend(engine, "tiny-gemma3", default_max_tokens=4)
+    backend = Served(engine, "tiny-gemma3", default_max_tokens=4)
     app = create_app(backend, max_batch=4, prefill_budget=16)  # forwards of 16: the chunk is capped by it
     long_passages = [f"Passage {i} tells of the harbour town of Velmora and its boats." for i in range(6)]
 
@@ -325,7 +326,7 @@ def test_over_http_a_short_request_is_not_held_behind_a_long_full_prefill(tmp_pa
 def _gemma_engine(tmp_path, **kw) -> Engine:
     model, tok = make("gemma3"), char_tokenizer()
     lm = LoadedModel(model, tok, "tiny-gemma3", fingerprint(model, tok), torch.device("cpu"), torch.float32)
-    engine = Engine(lm, KVStore(tmp_path / "kv", dtype="float32"), **kw)
+    engine = Engine(lm, KVStore(tmp_path / "kv", cache_format="float32"), EngineOptions(**kw))
     engine.stop_ids = set()
     return engine
 

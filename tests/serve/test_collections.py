@@ -9,7 +9,7 @@ import pytest
 from helpers import ingest_collections
 
 from turborag.bench.serve import ServedApp
-from turborag.cli.serve import serve_backend
+from turborag.cli.serve import served_for
 from turborag.serve import create_app
 from turborag.store.catalog import Catalog
 
@@ -27,7 +27,7 @@ def served(tmp_path_factory, tiny_model_dir):
     store = home / "store"
     texts = {name: f"# Lighthouse\n\n{text}\n" for name, text in (("red", RED), ("blue", BLUE))}
     ingest_collections(store, home, texts, tiny_model_dir)
-    backend = serve_backend(store, None, "cpu", 4)
+    backend = served_for(store, None, "cpu", 4)
     bodies: list[str] = []
 
     def keep(response: httpx.Response) -> None:

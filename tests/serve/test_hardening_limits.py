@@ -31,7 +31,7 @@ from typer.testing import CliRunner
 from turborag.bench.serve import ServedApp
 from turborag.cli import app
 from turborag.cli.cache import UPLOAD_GRACE_S
-from turborag.cli.serve import serve_backend
+from turborag.cli.serve import served_for
 from turborag.serve import create_app
 from turborag.serve.access import Access
 from turborag.serve.state import DEFAULT_MAX_PROMPT_TOKENS, DEFAULT_MAX_QUESTION_TOKENS
@@ -63,7 +63,7 @@ def served(tmp_path_factory, tiny_model_dir):
         "writer": add_key(keys_file, "writer", "--write", "red"),
         "admin": ADMIN,
     }
-    backend = serve_backend(store, None, "cpu", 2)
+    backend = served_for(store, None, "cpu", 2)
     with ServedApp(create_app(backend, api_key=ADMIN, access=Access.from_file(keys_file))) as srv:
         srv.store, srv.backend, srv.keys = store, backend, keys
         srv.state = srv.app.state.server
@@ -442,7 +442,7 @@ def test_an_upload_whose_client_left_is_taken_back(tmp_path, tiny_model_dir, mon
     from typer.testing import CliRunner
 
     from turborag.cli import app as cli
-    from turborag.cli.serve import serve_backend
+    from turborag.cli.serve import served_for
     from turborag.serve.errors import APIError
 
     monkeypatch.setenv("TURBORAG_HOME", str(tmp_path / "home"))
@@ -451,21 +451,21 @@ def test_an_upload_whose_client_left_is_taken_back(tmp_path, tiny_model_dir, mon
     store = tmp_path / "store"
     args = ["ingest", str(tmp_path / "docs"), "--store", str(store), "--model", tiny_model_dir]
     assert CliRunner().invoke(cli, [*args, "--chunk-tokens", "16"]).exit_code == 0
-    docs = serve_backend(store, None, "cpu", 8).documents
+    docs = served_for(store, None, "cpu", 8).documents
     before_docs, before_caches = docs.list(), set(docs.engine.store.keys())
     text = " ".join(f"Sentence {i} of a long upload about the lighthouse keeper." for i in range(300))
     cancelled = threading.Event()
-    advance = docs.engine.precompute
+    advance = docs.engine.precompute_ids
 
-    def leave_after_first_batch(passages, on_batch=None):  # the client leaves during the first batch
-        def on(n):
+    def leave_after_first_batch(chunks, on_batch=None):  # the client leaves during the first batch
+        def on(n, tokens):
             cancelled.set()
             if on_batch:
-                on_batch(n)
+                on_batch(n, tokens)
 
-        return advance(passages, on_batch=on)
+        return advance(chunks, on_batch=on)
 
-    monkeypatch.setattr(docs.engine, "precompute", leave_after_first_batch)
+    monkeypatch.setattr(docs.engine, "precompute_ids", leave_after_first_batch)
     with pytest.raises(APIError) as e:
         docs.add("long.txt", text.encode(), "default", cancelled)
     assert e.value.status == 499
@@ -484,7 +484,7 @@ def test_a_key_has_at_most_max_uploads_per_key_in_progress(tmp_path, tiny_model_
 
     from turborag.bench.serve import ServedApp
     from turborag.cli import app as cli
-    from turborag.cli.serve import serve_backend
+    from turborag.cli.serve import served_for
     from turborag.serve import create_app
 
     monkeypatch.setenv("TURBORAG_HOME", str(tmp_path / "home"))
@@ -493,7 +493,7 @@ def test_a_key_has_at_most_max_uploads_per_key_in_progress(tmp_path, tiny_model_
     store = tmp_path / "store"
     args = ["ingest", str(tmp_path / "docs"), "--store", str(store), "--model", tiny_model_dir]
     assert CliRunner().invoke(cli, args).exit_code == 0
-    backend = serve_backend(store, None, "cpu", 8)
+    backend = served_for(store, None, "cpu", 8)
     entered, release = threading.Event(), threading.Event()
     add = backend.documents.add
 

@@ -27,8 +27,8 @@ from helpers import write_corpus
 from typer.testing import CliRunner
 
 from turborag.cli import app as cli
-from turborag.cli.serve import serve_backend
-from turborag.serve import Backend, create_app
+from turborag.cli.serve import served_for
+from turborag.serve import Served, create_app
 from turborag.serve.origin import CSP, HostPolicy
 from turborag.store.errors import StoreUnavailable
 
@@ -63,7 +63,7 @@ def store_dir(tmp_path_factory, tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def backend(store_dir):
-    return serve_backend(store_dir, None, "cpu", 2)
+    return served_for(store_dir, None, "cpu", 2)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def open_server(backend):
 @pytest.fixture(scope="module")
 def keyed(backend):
     """A keyed server without a store (the store's engine, served bare)."""
-    bare = Backend(backend.engine, "tiny", default_max_tokens=2)
+    bare = Served(backend.engine, "tiny", default_max_tokens=2)
     with TestClient(create_app(bare, api_key=KEY, max_body_bytes=100_000), base_url=BASE) as client:
         yield client
 
@@ -181,7 +181,7 @@ def test_host_policy_of_bind_addresses_and_allowed_hosts():
 def test_origin_behind_a_proxy_that_checks_hosts(backend):
     """`--allowed-host '*'` turns Host checks off, never Origin checks: the Origin must still be the
     request's own Host."""
-    star = create_app(Backend(backend.engine, "tiny"), hosts=HostPolicy.for_bind("0.0.0.0", 8000, ["*"]))
+    star = create_app(Served(backend.engine, "tiny"), hosts=HostPolicy.for_bind("0.0.0.0", 8000, ["*"]))
     with TestClient(star, base_url="https://rag.example") as client:
         body = {"model": "turborag", "prompt": "x", "max_tokens": 1}
         assert client.post("/v1/completions", json=body, headers={"Origin": "https://rag.example"}).is_success
@@ -316,7 +316,7 @@ class DownStore:
 
 
 def test_store_unavailable_names_no_host_port_or_url(backend, caplog):
-    down = Backend(backend.engine, "tiny", documents=DownStore())
+    down = Served(backend.engine, "tiny", documents=DownStore())
     with TestClient(create_app(down), base_url=BASE) as client:
         with caplog.at_level(logging.WARNING, logger="turborag.serve"):
             r = client.post("/v1/documents", json={"name": "a.txt", "text": "Some text."})

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from turborag.bench.serve import ServedApp
 from turborag.cli import app
-from turborag.cli.serve import serve_backend
+from turborag.cli.serve import served_for
 from turborag.serve import create_app
 from turborag.serve.access import Access, key_hash
 
@@ -39,7 +39,7 @@ def served(tmp_path_factory, tiny_model_dir):
         "blue-reader": add_key(keys_file, "blue-reader", "--read", "blue"),
         "everything": add_key(keys_file, "ops", "--read", "*", "--write", "*"),
     }
-    backend = serve_backend(store, None, "cpu", 2)
+    backend = served_for(store, None, "cpu", 2)
     the_app = create_app(backend, api_key=ADMIN, access=Access.from_file(keys_file), metrics_key="m-key")
     with ServedApp(the_app) as srv:
         srv.keys, srv.keys_file, srv.backend = keys, keys_file, backend

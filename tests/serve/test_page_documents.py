@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from turborag.bench.serve import ServedApp
 from turborag.cli import app
-from turborag.cli.serve import serve_backend
-from turborag.serve import Backend, create_app
+from turborag.cli.serve import served_for
+from turborag.serve import Served, create_app
 from turborag.serve.page_routes import LOADING
 
 NAME = "minutes <b>&amp; notes.md"  # a real file name: HTML in it must reach the page as text
@@ -28,7 +28,7 @@ def backend(tmp_path_factory, tiny_model_dir):
     args = ["ingest", str(home / "docs"), "--store", str(store), "--model", tiny_model_dir]
     r = CliRunner().invoke(app, [*args, "--chunk-tokens", "64"])
     assert r.exit_code == 0, r.output
-    yield serve_backend(store, None, "cpu", 8)
+    yield served_for(store, None, "cpu", 8)
     mp.undo()
 
 
@@ -52,5 +52,5 @@ def test_a_server_with_a_key_lists_nothing_before_the_key(backend):
 
 
 def test_a_server_without_a_store_has_no_loading_line(backend):
-    page = _page(create_app(Backend(backend.engine, "tiny")))  # the same tiny model, no store
+    page = _page(create_app(Served(backend.engine, "tiny")))  # the same tiny model, no store
     assert '<ul id="doc-list"></ul>' in page

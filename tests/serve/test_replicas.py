@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from turborag.bench.serve import ServedApp
 from turborag.cli import app
-from turborag.cli.serve import serve_backend
+from turborag.cli.serve import served_for
 from turborag.serve import create_app
 
 FACT = "The zorblat festival of Quintara is held on the ninth moon and honours glass-blowers."
@@ -31,7 +31,7 @@ def _ingest(paths, store, url, model):
 def test_two_replicas_share_one_store_and_see_new_ingests(env, tiny_model_dir, redis_server):  # noqa: F811
     store = env / "store"
     _ingest(write_corpus(env / "docs"), store, redis_server.url, tiny_model_dir)
-    replicas = [ServedApp(create_app(serve_backend(store, None, "cpu", 4, read_only=True))) for _ in range(2)]
+    replicas = [ServedApp(create_app(served_for(store, None, "cpu", 4, read_only=True))) for _ in range(2)]
     with replicas[0] as a, replicas[1] as b:
         urls = itertools.cycle([a.url, b.url])  # the load balancer
 
@@ -75,7 +75,7 @@ def test_read_only_replica_refuses_writes(env, tiny_model_dir):
     r = CliRunner().invoke(app, [*args, "--chunk-tokens", "64"])
     assert r.exit_code == 0, r.output
     (store / "index.safetensors").unlink()
-    backend = serve_backend(store, None, "cpu", 4, read_only=True)
+    backend = served_for(store, None, "cpu", 4, read_only=True)
     with ServedApp(create_app(backend)) as srv:
         body = {"model": "turborag", "messages": [{"role": "user", "content": "Who rings the bell?"}]}
         r = httpx.post(srv.url + "/v1/chat/completions", json={**body, "max_tokens": 2}, timeout=120)

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from turborag.bench.serve import ServedApp
 from turborag.cli import app
-from turborag.cli.serve import serve_backend
+from turborag.cli.serve import served_for
 from turborag.core.prompt import ABSTAIN
 from turborag.serve import create_app
 from turborag.serve.worker import ModelWorker, QueueFull
@@ -34,7 +34,7 @@ def served(tmp_path_factory, tiny_model_dir):
         app, ["ingest", str(docs), "--store", str(store), "--model", tiny_model_dir, "--chunk-tokens", "64"]
     )
     assert r.exit_code == 0, r.output
-    backend = serve_backend(store, None, "cpu", 8)
+    backend = served_for(store, None, "cpu", 8)
     the_app = create_app(backend, api_key=KEY, max_queue=64, max_body_bytes=200_000)
     with ServedApp(the_app) as srv:
         srv.backend = backend

@@ -15,7 +15,7 @@ from turborag.bench.serve import ServedApp
 from turborag.core.engine import Answer, Engine
 from turborag.core.generate import SamplingParams
 from turborag.core.model import LoadedModel, fingerprint
-from turborag.serve import Backend, create_app
+from turborag.serve import Served, create_app
 from turborag.store.kv_store import KVStore
 
 KEY = "sk-test"
@@ -28,8 +28,8 @@ CONTEXTS = ["Ada founded Velt in 1911 on the north bank of the river."]
 def served(tmp_path_factory):
     model, tok = make("gemma3"), char_tokenizer()
     lm = LoadedModel(model, tok, "tiny-gemma3", fingerprint(model, tok), torch.device("cpu"), torch.float32)
-    engine = Engine(lm, KVStore(tmp_path_factory.mktemp("kv"), dtype="float32"))
-    the_app = create_app(Backend(engine, "tiny-gemma3", default_max_tokens=8), api_key=KEY)
+    engine = Engine(lm, KVStore(tmp_path_factory.mktemp("kv"), cache_format="float32"))
+    the_app = create_app(Served(engine, "tiny-gemma3", default_max_tokens=8), api_key=KEY)
 
     @the_app.get("/teapot")  # outside /v1/: no key needed
     async def teapot():

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from turborag.bench.serve import ServedApp
 from turborag.cli import app
-from turborag.cli.serve import serve_backend
+from turborag.cli.serve import served_for
 from turborag.serve import create_app
 
 KEY = "sk-test"
@@ -44,7 +44,7 @@ def test_redis_down_upload_is_503_and_questions_are_still_answered(tmp_path, tin
         ]
         r = CliRunner().invoke(app, [*args, "--chunk-tokens", "64", "--store-url", server.url])
         assert r.exit_code == 0, r.output
-        backend = serve_backend(store, None, "cpu", 8)
+        backend = served_for(store, None, "cpu", 8)
         with (
             ServedApp(create_app(backend, api_key=KEY)) as srv,
             httpx.Client(base_url=srv.url, headers=AUTH, timeout=120) as http,

@@ -23,7 +23,7 @@ def _kv(seed=0, tokens=7) -> ChunkKV:
 
 def test_round_trip_is_bit_identical_in_store_dtype(tmp_path):
     for dtype in ("float32", "float16", "bfloat16"):
-        store = KVStore(tmp_path / dtype, dtype=dtype)
+        store = KVStore(tmp_path / dtype, cache_format=dtype)
         kv = _kv()
         store.put("ab" * 32, kv)
         back = store.get("ab" * 32)
@@ -71,7 +71,7 @@ def test_key_depends_on_everything():
     assert base != cache_key("fp2", [1, 2], [3, 4])
     assert base != cache_key("fp", [1], [3, 4])
     assert base != cache_key("fp", [1, 2], [3, 5])
-    assert base != cache_key("fp", [1, 2], [3, 4], dtype="float32")
+    assert base != cache_key("fp", [1, 2], [3, 4], cache_format="float32")
     assert base == cache_key("fp", [1, 2], [3, 4])
 
 
@@ -111,14 +111,14 @@ def test_key_unchanged_by_file_format():
         "e9c7e9cb5db4c2583e7eb5061c11a310550bf59db78d80cd44ddacc2024b673f"
     )
     assert (
-        cache_key("gemma-3-270m:abc", [2, 105, 2364], [818, 5279, 529, 506], dtype="bfloat16")
+        cache_key("gemma-3-270m:abc", [2, 105, 2364], [818, 5279, 529, 506], cache_format="bfloat16")
         == "f83726008774eb90cc07ac90c546a0fc8317e494bec64520601b5668066a5f68"
     )
     assert KEY_VERSION == "1" and FILE_FORMAT == "2"
 
 
 def test_put_writes_format_2(tmp_path):
-    store = KVStore(tmp_path, dtype="bfloat16")
+    store = KVStore(tmp_path, cache_format="bfloat16")
     key = "a1" * 32
     store.put(key, _kv_layers(layers=4, tokens=6))
     _, header = _header(store.path(key))
@@ -133,7 +133,7 @@ def test_put_writes_format_2(tmp_path):
 
 def test_format_2_round_trip_bit_identical_through_get_and_get_layers(tmp_path):
     for dtype in ("float16", "bfloat16", "float32"):
-        store = KVStore(tmp_path / dtype, dtype=dtype)
+        store = KVStore(tmp_path / dtype, cache_format=dtype)
         key = "b2" * 32
         kv = _kv_layers()
         want_k, want_v = kv.k.to(store.torch_dtype), kv.v.to(store.torch_dtype)
@@ -167,7 +167,7 @@ def _mappings_of(path) -> list[tuple[int, int]]:
 def test_get_layers_returns_views_over_the_file_mapping(tmp_path):
     """Zero copy: every returned tensor's bytes lie inside the kernel's mapping of that very file, at the
     file offset its header gives. A copy would live in anonymous memory and fail both checks."""
-    store = KVStore(tmp_path, dtype="bfloat16")
+    store = KVStore(tmp_path, cache_format="bfloat16")
     key = "c3" * 32
     store.put(key, _kv_layers(layers=4, tokens=64))
     n, header = _header(store.path(key))
@@ -258,7 +258,7 @@ def test_layer_outside_the_cache_is_the_callers_error_and_keeps_the_file(tmp_pat
 
 def test_format_1_is_still_read_and_migrates_to_format_2(tmp_path):
     for dtype in ("float16", "bfloat16", "float32"):
-        store = KVStore(tmp_path / dtype, dtype=dtype)
+        store = KVStore(tmp_path / dtype, cache_format=dtype)
         key = "a7" * 32
         kv = _kv_layers(layers=4)
         want_k, want_v = kv.k.to(store.torch_dtype), kv.v.to(store.torch_dtype)
@@ -294,7 +294,7 @@ def test_cache_verify_counts_formats_and_migrates(tmp_path):
     root = tmp_path / "store"
     catalog = Catalog(root, create=True)
     catalog.set_meta(store_dtype="bfloat16")
-    store = KVStore(root, dtype="bfloat16")
+    store = KVStore(root, cache_format="bfloat16")
     keys = [f"{i:02x}" * 32 for i in range(4)]
     chunks = []
     for i, key in enumerate(keys):

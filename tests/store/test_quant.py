@@ -66,8 +66,8 @@ def _flip(path, offset: int) -> None:
 
 @pytest.mark.parametrize("fmt", QUANT)
 def test_round_trip_equals_as_stored_exactly(tmp_path, fmt):
-    store = KVStore(tmp_path, dtype=fmt)
-    assert store.dtype == fmt and store.torch_dtype == torch.float16 and store.quantized
+    store = KVStore(tmp_path, cache_format=fmt)
+    assert store.cache_format == fmt and store.torch_dtype == torch.float16 and store.quantized
     key = "a1" * 32
     kv = _kv()
     want = store.as_stored(kv)
@@ -86,13 +86,13 @@ def test_round_trip_equals_as_stored_exactly(tmp_path, fmt):
 def test_as_stored_of_a_cast_format_is_the_cast(tmp_path):
     kv = _kv()
     for fmt in ("float16", "bfloat16", "float32"):
-        store = KVStore(tmp_path / fmt, dtype=fmt)
+        store = KVStore(tmp_path / fmt, cache_format=fmt)
         assert not store.quantized and store.torch_dtype == codec.DTYPES[fmt]
         assert torch.equal(store.as_stored(kv).k, kv.k.to(store.torch_dtype))
         store.put("b2" * 32, kv)
         assert torch.equal(store.get("b2" * 32).v, store.as_stored(kv).v)
     with pytest.raises(ValueError, match="int4"):
-        KVStore(tmp_path, dtype="int4")
+        KVStore(tmp_path, cache_format="int4")
 
 
 def test_blob_layout_scales_and_metadata(tmp_path):
@@ -100,7 +100,7 @@ def test_blob_layout_scales_and_metadata(tmp_path):
         ("int8", "I8", [2, 1, 8], [2, 6, 1]),  # K per channel, V per token
         ("fp8", "F8_E4M3", [2, 1, 1], [2, 1, 1]),  # per head
     ):
-        store = KVStore(tmp_path / fmt, dtype=fmt)
+        store = KVStore(tmp_path / fmt, cache_format=fmt)
         key = "c3" * 32
         store.put(key, _kv(layers=3, tokens=6))
         _, header = _header(store.path(key))
@@ -164,7 +164,7 @@ def test_bytes_per_token_at_most_055_of_fp16(fmt):
 @pytest.mark.parametrize("fmt", QUANT)
 def test_damage_in_an_unread_layer_or_scale_is_seen_only_when_that_layer_is_read(tmp_path, fmt):
     """As for float blobs: only the requested layers' tensors, here scales included, are hash-checked."""
-    store = KVStore(tmp_path, dtype=fmt)
+    store = KVStore(tmp_path, cache_format=fmt)
     key = "d4" * 32
     kv = _kv()
     want = store.as_stored(kv)
@@ -181,7 +181,7 @@ def test_damage_in_an_unread_layer_or_scale_is_seen_only_when_that_layer_is_read
 
 @pytest.mark.parametrize("fmt", QUANT)
 def test_damaged_quantized_blobs_are_none_and_removed(tmp_path, fmt):
-    store = KVStore(tmp_path, dtype=fmt)
+    store = KVStore(tmp_path, cache_format=fmt)
     kv = _kv()
     key = "e5" * 32
     store.put(key, kv)
@@ -217,8 +217,8 @@ def test_a_store_refuses_a_blob_of_another_format(tmp_path):
     kv = _kv()
     for written, reader in (("float16", "int8"), ("int8", "float16"), ("fp8", "int8"), ("int8", "fp8")):
         key = "f6" * 32
-        KVStore(tmp_path, dtype=written).put(key, kv)
-        store = KVStore(tmp_path, dtype=reader)
+        KVStore(tmp_path, cache_format=written).put(key, kv)
+        store = KVStore(tmp_path, cache_format=reader)
         assert store.get_layers(key, [0]) is None and store.misses == 1
         assert not store.path(key).exists()
 
@@ -245,7 +245,7 @@ def test_int8_and_fp8_stores_answer_like_fp16_in_turbo(gemma_lm, tmp_path):
     params = SamplingParams(max_new_tokens=3)
     answers = {}
     for fmt in ("float16", "int8", "fp8"):
-        engine = Engine(gemma_lm, KVStore(tmp_path / fmt, dtype=fmt))
+        engine = Engine(gemma_lm, KVStore(tmp_path / fmt, cache_format=fmt))
         engine.stop_ids = set()  # compare tokens, never an empty answer
         answers[fmt] = [engine.answer(q, PASSAGES, "turbo", params).token_ids for q in QUESTIONS]
     for fmt in QUANT:
@@ -255,7 +255,7 @@ def test_int8_and_fp8_stores_answer_like_fp16_in_turbo(gemma_lm, tmp_path):
 
 @pytest.mark.parametrize("fmt", QUANT)
 def test_a_chunk_computed_on_the_fly_equals_the_stored_one(gemma_lm, tmp_path, fmt):
-    store = KVStore(tmp_path, dtype=fmt)
+    store = KVStore(tmp_path, cache_format=fmt)
     engine = Engine(gemma_lm, store)
     engine.stop_ids = set()
     ids = engine.layout.chunk_ids(PASSAGES[0])

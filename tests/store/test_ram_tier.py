@@ -6,6 +6,7 @@ import torch
 
 from turborag.core.engine import Engine
 from turborag.core.generate import SamplingParams
+from turborag.core.options import EngineOptions
 from turborag.store.kv_store import KVStore
 from turborag.store.ram_tier import RamTier
 
@@ -50,9 +51,11 @@ def test_an_entry_larger_than_the_budget_is_not_kept_and_zero_keeps_nothing():
 
 def test_engine_with_a_ram_tier_answers_the_same_and_skips_the_store(gemma_lm, tmp_path):
     params = SamplingParams(max_new_tokens=8)
-    plain = Engine(gemma_lm, KVStore(tmp_path / "a", dtype="float32"))
+    plain = Engine(gemma_lm, KVStore(tmp_path / "a", cache_format="float32"))
     plain.stop_ids = set()
-    cached = Engine(gemma_lm, KVStore(tmp_path / "b", dtype="float32"), ram_cache_bytes=50_000_000)
+    cached = Engine(
+        gemma_lm, KVStore(tmp_path / "b", cache_format="float32"), EngineOptions(ram_cache_bytes=50_000_000)
+    )
     cached.stop_ids = set()
     for engine in (plain, cached):
         engine.precompute(PASSAGES)
@@ -62,17 +65,37 @@ def test_engine_with_a_ram_tier_answers_the_same_and_skips_the_store(gemma_lm, t
     second = cached.answer("Who founded Veltrano?", PASSAGES, "turbo", params)
     assert first.token_ids == second.token_ids == reference.token_ids
     assert cached.store.hits == reads  # every chunk came from RAM
-    assert cached.ram.stats.hits >= len(PASSAGES) and cached.ram.stats.entries == len(PASSAGES)
+    assert cached.caches.ram.stats.hits >= len(PASSAGES) and cached.caches.ram.stats.entries == len(PASSAGES)
 
 
 def test_a_budget_smaller_than_a_request_still_answers_right(gemma_lm, tmp_path):
     params = SamplingParams(max_new_tokens=8)
-    plain = Engine(gemma_lm, KVStore(tmp_path / "a", dtype="float32"))
-    small = Engine(gemma_lm, KVStore(tmp_path / "b", dtype="float32"), ram_cache_bytes=40_000)
+    plain = Engine(gemma_lm, KVStore(tmp_path / "a", cache_format="float32"))
+    small = Engine(
+        gemma_lm, KVStore(tmp_path / "b", cache_format="float32"), EngineOptions(ram_cache_bytes=40_000)
+    )
     for engine in (plain, small):
         engine.stop_ids = set()
         engine.precompute(PASSAGES)
     for _ in range(2):
         a = small.answer("Who founded Veltrano?", PASSAGES, "turbo", params)
         assert a.token_ids == plain.answer("Who founded Veltrano?", PASSAGES, "turbo", params).token_ids
-    assert small.ram.stats.bytes <= 40_000 and small.ram.stats.evictions > 0
+    assert small.caches.ram.stats.bytes <= 40_000 and small.caches.ram.stats.evictions > 0
+
+
+def test_the_tiers_count_reads_where_they_happen(gemma_lm, tmp_path):
+    """A first answer reads every chunk from the store and keeps it in RAM; a second reads none from the
+    store; the stats the metrics scrape show both."""
+    writer = Engine(gemma_lm, KVStore(tmp_path / "c", cache_format="float32"))  # as another process
+    writer.precompute(PASSAGES)
+    engine = Engine(
+        gemma_lm, KVStore(tmp_path / "c", cache_format="float32"), EngineOptions(ram_cache_bytes=50_000_000)
+    )
+    engine.answer("Who founded Veltrano?", PASSAGES, "turbo", SamplingParams(max_new_tokens=2))
+    first = engine.caches.stats()
+    assert first["store"]["hits"] == len(PASSAGES) and first["ram"]["entries"] == len(PASSAGES)
+    engine.answer("Who founded Veltrano?", PASSAGES, "turbo", SamplingParams(max_new_tokens=2))
+    second = engine.caches.stats()
+    assert second["store"] == first["store"]
+    assert second["ram"]["hits"] == first["ram"]["hits"] + len(PASSAGES)
+    assert engine.caches.read({"no-such-key": [0]}, 1) == {"no-such-key": None}

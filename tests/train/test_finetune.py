@@ -14,7 +14,7 @@ from turborag.core.engine import Engine
 from turborag.core.model import LoadedModel, fingerprint
 from turborag.store.kv_store import KVStore
 from turborag.train.finetune import TrainConfig, answer_ids, example_loss, finetune, serving_logits
-from turborag.train.synth import generate, write_jsonl
+from turborag_research.synth import generate, write_jsonl
 
 PASSAGES = [
     "Veltrano was founded by Ismena Throll.",
@@ -33,7 +33,7 @@ def _lm(kind="gemma3") -> LoadedModel:
 def test_training_forward_equals_serving_path(kind, positions, tmp_path):
     """The logits training takes its loss from equal the serving engine's (stored caches, assembled)."""
     lm = _lm(kind)
-    engine = Engine(lm, KVStore(tmp_path, dtype="float32"))
+    engine = Engine(lm, KVStore(tmp_path, cache_format="float32"))
     prompt = engine.layout.build("Who founded Veltrano?", PASSAGES)
     tail = prompt.suffix + answer_ids(lm.tokenizer, "Ismena Throll")
     # serving: caches precomputed and stored, read back, assembled, tail prefilled

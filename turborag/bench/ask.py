@@ -17,10 +17,11 @@ from pathlib import Path
 
 from turborag.core.engine import Engine
 from turborag.core.generate import SamplingParams
+from turborag.rag import answer as rag
 from turborag.rag.chunker import Chunker
 from turborag.rag.embed import Embedder
 from turborag.rag.ingest import Ingestor
-from turborag.rag.retrieve import Retriever, fit_passages
+from turborag.rag.retrieve import Retriever
 from turborag.store.catalog import Catalog
 
 QUESTIONS = [
@@ -66,33 +67,27 @@ def bench_ask(
 ) -> dict:
     log = log or (lambda msg: None)
     embedder = Embedder()
-    ingestor = Ingestor(engine, catalog, embedder, Chunker(engine.lm.tokenizer, chunk_tokens, overlap))
-    res = ingestor.run([corpus])
-    ingest = {
-        **res.summary(),
-        "computed_chunks": res.computed_chunks,
-        "tokens_per_s": res.tokens / res.seconds if res.seconds else 0.0,
-        "chunks_per_s": res.computed_chunks / res.seconds if res.seconds else 0.0,
-    }
-    log(
-        f"ingested {res.documents} documents: {res.computed_chunks} chunks, {res.tokens} tokens, "
-        f"{res.seconds:.1f} s"
-    )
-
+    ingest = _ingest(engine, catalog, embedder, corpus, chunk_tokens, overlap, log)
     retriever = Retriever(catalog, embedder)
+    retrieval: list[float] = []
+
+    def timed_search(question: str, k: int):
+        """The search alone, timed (fitting the passages to the context is not retrieval)."""
+        t = time.perf_counter()
+        hits = retriever.search(question, k)
+        retrieval.append(time.perf_counter() - t)
+        return hits
+
     one = SamplingParams(max_new_tokens=1)
     engine.answer("warm up", ["A short warm-up passage."], "full", one)
     engine.answer("warm up", ["A short warm-up passage."], "turbo", one)
     rows = []
     questions = (QUESTIONS * (n_questions // len(QUESTIONS) + 1))[:n_questions]
     for k in top_ks:
-        full, turbo, ctx, retrieval = [], [], [], []
+        full, turbo, ctx = [], [], []
+        retrieval.clear()
         for qi, q in enumerate(questions):
-            t = time.perf_counter()
-            passages = retriever.search(q, k)
-            retrieval.append(time.perf_counter() - t)
-            passages, _ = fit_passages(engine, q, passages, 1)
-            texts = [p.text for p in passages]
+            texts = rag.find(engine, timed_search, q, k, 1).texts
             ctx.append(sum(len(engine.layout.chunk_ids(x)) for x in texts))
             for r in range(repeats):
                 order = ("full", "turbo") if (qi + r) % 2 == 0 else ("turbo", "full")
@@ -124,4 +119,21 @@ def bench_ask(
         "chunk_overlap": overlap,
         "ingest": ingest,
         "rows": rows,
+    }
+
+
+def _ingest(engine: Engine, catalog: Catalog, embedder: Embedder, corpus: Path, chunk_tokens: int,
+            overlap: int, log: Callable[[str], None]) -> dict:  # fmt: skip
+    """Ingest the corpus (the offline step, timed): its summary with chunks and tokens per second."""
+    ingestor = Ingestor(engine, catalog, embedder, Chunker(engine.lm.tokenizer, chunk_tokens, overlap))
+    res = ingestor.run([corpus])
+    log(
+        f"ingested {res.documents} documents: {res.computed_chunks} chunks, {res.tokens} tokens, "
+        f"{res.seconds:.1f} s"
+    )
+    return {
+        **res.summary(),
+        "computed_chunks": res.computed_chunks,
+        "tokens_per_s": res.tokens / res.seconds if res.seconds else 0.0,
+        "chunks_per_s": res.computed_chunks / res.seconds if res.seconds else 0.0,
     }

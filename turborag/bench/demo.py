@@ -50,37 +50,14 @@ def run_demo(
     corpus: list[Path] | None = None,
     remake_stale: bool = False,
 ) -> list[dict]:
+    from turborag.rag import answer as rag
     from turborag.rag.chunker import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP, Chunker
-    from turborag.rag.embed import EMBEDDER, Embedder
-    from turborag.rag.ingest import Ingestor, check_keys
-    from turborag.rag.retrieve import Retriever, fit_passages
-    from turborag.store.catalog import Catalog, StoreError
+    from turborag.rag.embed import Embedder
+    from turborag.rag.ingest import Ingestor
+    from turborag.rag.retrieve import Retriever
 
     questions = questions or QUESTIONS
-    settings = dict(
-        template=engine.layout.template,
-        store_dtype=engine.store.dtype,
-        dtype=str(engine.lm.dtype).removeprefix("torch."),
-        embedder=EMBEDDER,
-        chunk_tokens=DEFAULT_CHUNK_TOKENS,
-        chunk_overlap=DEFAULT_OVERLAP,
-    )
-    catalog = None
-    try:
-        catalog = Catalog(engine.store.root, create=True)
-        catalog.bind(engine.lm.name, engine.lm.fingerprint, **settings)
-        check_keys(catalog, engine)
-    except StoreError as e:
-        if catalog is not None:
-            catalog.close()
-        if not remake_stale:
-            console.print(f"error: {e}")
-            raise SystemExit(2) from e
-        # Our own scratch store, made by an earlier demo with another model or dtype: make it anew.
-        console.print("the demo store was made with another model, dtype or turborag version; making it anew")
-        shutil.rmtree(engine.store.root)
-        catalog = Catalog(engine.store.root, create=True)
-        catalog.bind(engine.lm.name, engine.lm.fingerprint, **settings)
+    catalog = _demo_catalog(engine, console, remake_stale)
     embedder = Embedder()
     chunker = Chunker(engine.lm.tokenizer, DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP)
     with console.status("ingesting the bundled corpus (offline step: chunk, precompute caches, embed)"):
@@ -98,8 +75,8 @@ def run_demo(
         table.add_column(col)
     rows = []
     for q in questions:
-        passages, _ = fit_passages(engine, q, retriever.search(q, top_k), params.max_new_tokens)
-        texts = [p.text for p in passages]
+        found = rag.find(engine, retriever.search, q, top_k, params.max_new_tokens)
+        passages, texts = found.passages, found.texts
         full = engine.answer(q, texts, "full", params)
         turbo = engine.answer(q, texts, "turbo", params)
         rows.append({"question": q, "full": full, "turbo": turbo, "chunks": [p.chunk_id for p in passages]})
@@ -119,3 +96,41 @@ def run_demo(
         'cached chunks in turbo mode. Try your own files: `turborag ingest DIR` then `turborag ask "..."`.'
     )
     return rows
+
+
+def _demo_catalog(engine: Engine, console: Console, remake_stale: bool):
+    """The demo's store, bound to this engine's model and settings. A store made by an earlier demo with
+    another model or dtype is made anew when `remake_stale` (our own scratch store), else refused."""
+    from turborag.rag.chunker import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP
+    from turborag.rag.embed import EMBEDDER
+    from turborag.rag.ingest import check_keys
+    from turborag.store.catalog import Catalog, StoreError
+    from turborag.store.settings import StoreSettings
+
+    settings = StoreSettings(
+        model=engine.lm.name,
+        model_fingerprint=engine.lm.fingerprint,
+        template=engine.layout.template,
+        cache_format=engine.store.cache_format,
+        dtype=str(engine.lm.dtype).removeprefix("torch."),
+        embedder=EMBEDDER,
+        chunk_tokens=DEFAULT_CHUNK_TOKENS,
+        chunk_overlap=DEFAULT_OVERLAP,
+    )
+    catalog = None
+    try:
+        catalog = Catalog(engine.store.root, create=True)
+        catalog.bind(settings)
+        check_keys(catalog, engine)
+    except StoreError as e:
+        if catalog is not None:
+            catalog.close()
+        if not remake_stale:
+            console.print(f"error: {e}")
+            raise SystemExit(2) from e
+        # Our own scratch store, made by an earlier demo with another model or dtype: make it anew.
+        console.print("the demo store was made with another model, dtype or turborag version; making it anew")
+        shutil.rmtree(engine.store.root)
+        catalog = Catalog(engine.store.root, create=True)
+        catalog.bind(settings)
+    return catalog

@@ -150,29 +150,28 @@ class AbstainCostRow:
 def bench_abstain_cost(
     engine: Engine, sizes: Sequence[int], repeats: int = 5, chunk_tokens: int = 512, log=print
 ) -> list[AbstainCostRow]:
-    """Turbo TTFT with and without scoring the abstention reply (engine.abstain_threshold), alternating.
+    """Turbo TTFT with and without scoring the abstention reply (the abstention threshold), alternating.
     The scored runs use threshold 1, which no probability reaches, so both answer the same; the cost of
-    scoring does not depend on the threshold."""
+    scoring does not depend on the threshold. Threshold 0 is none: greedy decoding alone."""
     one = SamplingParams(max_new_tokens=1)
-    saved, rows = engine.abstain_threshold, []
-    try:
-        engine.answer("warm up", ["A short warm-up passage."], "turbo", one)
-        for size in sizes:
-            chunks = doc_chunks(engine, size, chunk_tokens)
-            engine.precompute(chunks)
-            plain, scored = [], []
-            for r in range(repeats):
-                order = ((None, plain), (1.0, scored)) if r % 2 == 0 else ((1.0, scored), (None, plain))
-                for threshold, acc in order:
-                    engine.abstain_threshold = threshold
-                    acc.append(engine.answer(QUESTION, chunks, "turbo", one).ttft_s)
-            ctx = sum(len(engine.layout.chunk_ids(c)) for c in chunks)
-            a, b = statistics.median(plain), statistics.median(scored)
-            row = AbstainCostRow(ctx, a, b, b / a)
-            log(row.summary())
-            rows.append(row)
-    finally:
-        engine.abstain_threshold = saved
+    without, scoring = engine.with_options(abstain_threshold=0), engine.with_options(abstain_threshold=1.0)
+    rows = []
+    engine.answer("warm up", ["A short warm-up passage."], "turbo", one)
+    for size in sizes:
+        chunks = doc_chunks(engine, size, chunk_tokens)
+        engine.precompute(chunks)
+        plain, scored = [], []
+        for r in range(repeats):
+            order = (
+                ((without, plain), (scoring, scored)) if r % 2 == 0 else ((scoring, scored), (without, plain))
+            )
+            for arm, acc in order:
+                acc.append(arm.answer(QUESTION, chunks, "turbo", one).ttft_s)
+        ctx = sum(len(engine.layout.chunk_ids(c)) for c in chunks)
+        a, b = statistics.median(plain), statistics.median(scored)
+        row = AbstainCostRow(ctx, a, b, b / a)
+        log(row.summary())
+        rows.append(row)
     return rows
 
 

@@ -1,7 +1,7 @@
 """PNG plots of what `bench ttft`, `bench serve` and `eval` measure (matplotlib, the optional `plot` extra).
 
 Each function takes the dict the command prints with `--json`, so a plot can be made from a run's saved
-output later (`scripts/plot_from_json.py`) exactly as `--plot FILE` makes it during the run. Figures are
+output later (`turborag bench plot`) exactly as `--plot FILE` makes it during the run. Figures are
 drawn on matplotlib's Agg canvas without pyplot: no display, no global state, nothing to close.
 """
 

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from turborag.bench.engine import doc_text
 from turborag.core.defaults import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_BUDGET
-from turborag.serve import Backend, create_app
+from turborag.serve import Served, create_app
 
 
 class ServedApp:
@@ -97,7 +97,7 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 
 def bench_load(
-    backend: Backend,
+    served: Served,
     clients: int = 32,
     rounds: int = 2,
     max_tokens: int = 64,
@@ -115,12 +115,12 @@ def bench_load(
     text = doc_text()
     contexts = [text[i * 600 : (i + 1) * 600] for i in range(passages)]
     app = create_app(
-        backend, max_queue=max(64, clients * 2), max_batch=max_batch, prefill_budget=max_batch_tokens
+        served, max_queue=max(64, clients * 2), max_batch=max_batch, prefill_budget=max_batch_tokens
     )
     gaps: list[float] = []
     with ServedApp(app) as srv:
         client = srv.client()
-        backend.engine.precompute(contexts)  # offline step, as ingest would do
+        served.engine.precompute(contexts)  # offline step, as ingest would do
         _stream_ttft(
             client,
             model="turborag",
@@ -153,17 +153,24 @@ def bench_load(
         with ThreadPoolExecutor(clients) as pool:
             results = [x for chunk in pool.map(one, range(clients)) for x in chunk]
         wall = time.perf_counter() - t0
-        ok = [r for r in results if not isinstance(r, Exception)]
-        ttfts = sorted(r[0] for r in ok)
-        per_mode = {m: [r[0] for r in ok if r[3] == m] for m in ("turbo", "full")}
-        worker = app.state.worker
-        depth = worker.depth
-    return {
+        summary = _load_summary(results, wall, gaps, app.state.worker)  # the server still up
+    settings = {
         "clients": clients,
         "max_batch": max_batch,
         "max_batch_tokens": max_batch_tokens,
         "max_tokens": max_tokens,
         "min_tokens": min_tokens,
+    }
+    return {**settings, **summary, "full_share": full_share}
+
+
+def _load_summary(results: list, wall: float, gaps: list[float], worker) -> dict:
+    """Requests/s, tokens/s, TTFT (all, turbo and full apart) and inter-token latency percentiles of one
+    load run, and what the server's worker saw (its heaviest iteration, prefill feeds per forward)."""
+    ok = [r for r in results if not isinstance(r, Exception)]  # (ttft, tokens, ..., mode)
+    ttfts = sorted(r[0] for r in ok)
+    per_mode = {m: [r[0] for r in ok if r[3] == m] for m in ("turbo", "full")}
+    return {
         "requests": len(results),
         "errors": len(results) - len(ok),
         "seconds": wall,
@@ -171,7 +178,6 @@ def bench_load(
         "tokens_per_s": sum(r[1] for r in ok) / wall,
         "ttft_p50_s": _percentile(ttfts, 0.5),
         "ttft_p99_s": _percentile(ttfts, 0.99),
-        "full_share": full_share,
         "turbo_ttft_p50_s": _percentile(per_mode["turbo"], 0.5),
         "turbo_ttft_p99_s": _percentile(per_mode["turbo"], 0.99),
         "full_ttft_p50_s": _percentile(per_mode["full"], 0.5),
@@ -181,7 +187,7 @@ def bench_load(
         "prefill_feeds_per_forward": worker.prefill_feeds / max(1, worker.prefill_forwards),
         "itl_p50_s": _percentile(gaps, 0.5),
         "itl_p99_s": _percentile(gaps, 0.99),
-        "queue_depth_after": depth,
+        "queue_depth_after": worker.depth,
     }
 
 
@@ -191,18 +197,18 @@ def sweep_row(run: dict) -> dict:
     return {k: run[k] for k in keys}
 
 
-def bench_agent(backend: Backend, steps: int = 10, system_tokens: int = 1000, max_tokens: int = 8) -> dict:
-    tok = backend.engine.lm.tokenizer
+def bench_agent(served: Served, steps: int = 10, system_tokens: int = 1000, max_tokens: int = 8) -> dict:
+    tok = served.engine.lm.tokenizer
     ids = tok(doc_text(), add_special_tokens=False)["input_ids"][:system_tokens]
     system = "You are a Python expert agent. Reference manual:\n" + tok.decode(ids)
     rows = []
     for reuse in (True, False):
-        engine = backend.engine
+        engine = served.engine
         saved = engine.prefix_cache.max_blocks
         engine.prefix_cache.clear()
         engine.prefix_cache.max_blocks = saved if reuse else 0  # 0 = nothing is kept: every step from scratch
         try:
-            with ServedApp(create_app(backend)) as srv:
+            with ServedApp(create_app(served)) as srv:
                 client = srv.client()
                 msgs = [{"role": "system", "content": system}]
                 for step in range(steps):

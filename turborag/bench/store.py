@@ -18,7 +18,7 @@ from turborag.bench.engine import QUESTION, doc_chunks
 from turborag.core.engine import Engine
 from turborag.core.generate import SamplingParams
 from turborag.store.kv_store import KVStore, cache_key
-from turborag.store.ram_tier import RamTier
+from turborag.store.tiered import TieredStore
 from turborag.store.urls import open_backend
 
 
@@ -40,37 +40,40 @@ def bench_store(
     repeats: int = 5,
     log=print,
 ) -> list[StoreRow]:
-    """TTFT of turbo from every (tier, format); `engine`'s store and RAM tier are swapped per combination."""
+    """TTFT of turbo from every (tier, format); `engine`'s tiered store is swapped per combination."""
     chunks = doc_chunks(engine, context_tokens)
     backends = {"file": lambda fmt: open_backend(root / fmt)}
     if redis_url:
         backends["redis"] = lambda fmt: open_backend(_with_prefix(redis_url, fmt))
     if cluster_url:
         backends["redis-cluster"] = lambda fmt: open_backend(_with_prefix(cluster_url, fmt))
-    setups = []  # (tier, format, store, ram tier)
+    dev, dtype = engine.lm.device, engine.lm.dtype
+    setups = []  # (tier, format, tiered store)
     for fmt in formats:
         for tier, make in backends.items():
-            setups.append((tier, fmt, KVStore(make(fmt), fmt), RamTier(0)))
-        setups.append(("ram", fmt, setups[-len(backends)][2], RamTier(8 << 30)))
+            setups.append((tier, fmt, TieredStore(KVStore(make(fmt), fmt), 0, dev, dtype)))
+        setups.append(("ram", fmt, TieredStore(setups[-len(backends)][2].store, 8 << 30, dev, dtype)))
     one = SamplingParams(max_new_tokens=1)
-    for tier, fmt, store, ram in setups:  # fill every store (and RAM tier), untimed
-        engine.store, engine.ram = store, ram
+    for tier, fmt, caches in setups:  # fill every store (and RAM tier), untimed
+        engine.caches = caches
         engine.precompute(chunks)
         engine.answer(QUESTION, chunks, "turbo", one)
         log(f"filled {tier} ({fmt})")
     times: dict[int, list[float]] = {i: [] for i in range(len(setups))}
     for _ in range(repeats):
-        for i, (_, _, store, ram) in enumerate(setups):
-            engine.store, engine.ram = store, ram
+        for i, (_, _, caches) in enumerate(setups):
+            engine.caches = caches
             answer = engine.answer(QUESTION, chunks, "turbo", one)
             assert answer.computed_chunks == 0, "a cache went missing during the benchmark"
             times[i].append(answer.ttft_s)
     ids = [engine.layout.chunk_ids(c) for c in chunks]
     tokens = sum(len(c) for c in ids)
     rows = []
-    for i, (tier, fmt, store, _) in enumerate(setups):
-        keys = [cache_key(engine.lm.fingerprint, engine.prefix_ids, c, store.dtype) for c in ids]
-        stored = sum(store.size(k) or 0 for k in keys)
+    for i, (tier, fmt, caches) in enumerate(setups):
+        keys = [
+            cache_key(engine.lm.fingerprint, engine.prefix_ids, c, caches.store.cache_format) for c in ids
+        ]
+        stored = sum(caches.store.size(k) or 0 for k in keys)
         rows.append(StoreRow(tier, fmt, statistics.median(times[i]), stored / tokens))
     return rows
 

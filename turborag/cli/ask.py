@@ -18,9 +18,8 @@ from turborag.cli.common import (
     StoreModelOpt,
     StoreOpt,
     StoreTemplateOpt,
+    answer_options,
     fail,
-    set_abstain_threshold,
-    set_name_check,
 )
 from turborag.cli.loading import default_store, load_engine, open_catalog
 from turborag.cli.remote import ServerBusy, ServerError, ServerUnreachable, ask_server, find_server
@@ -90,9 +89,8 @@ def ask(
         except ServerError as e:
             fail(str(e))
     catalog = open_catalog(store, create=False, collection=collection)
-    engine = load_engine(catalog, model, device, template, dtype=dtype)
-    set_abstain_threshold(engine, abstain_threshold)
-    set_name_check(engine, name_check)
+    options = answer_options(abstain_threshold, name_check)
+    engine = load_engine(catalog, model, device, template, dtype=dtype, options=options)
     _ask_local(engine, catalog, question, collection, mode, top_k, max_new_tokens, as_json)
 
 
@@ -116,30 +114,29 @@ def _stderr(line: str) -> None:
 
 def _ask_local(engine, catalog, question, collection, mode, top_k, max_new_tokens, as_json) -> None:
     from turborag.core.engine import Answer, PromptTooLong
+    from turborag.rag import answer as rag
     from turborag.rag.embed import Embedder
-    from turborag.rag.retrieve import Retriever, fit_passages
+    from turborag.rag.retrieve import Retriever
 
     retriever = Retriever(catalog, Embedder())
     if not len(retriever):
         where = f"store {catalog.root}" + ("" if collection == "default" else f", collection {collection},")
         fail(f"{where} has no chunks: ingest some documents first")
-    passages = retriever.search(question, top_k)
     try:
-        passages, dropped = fit_passages(engine, question, passages, max_new_tokens)
+        found = rag.find(engine, retriever.search, question, top_k, max_new_tokens)
     except PromptTooLong as e:
         fail(str(e))
-    if dropped:
+    if found.dropped:
         typer.echo(
-            f"warning: {dropped} of the top {top_k} passages do not fit the context window; "
+            f"warning: {found.dropped} of the top {top_k} passages do not fit the context window; "
             "answering from the rest",
             err=True,
         )
     notice = engine.auto_notice() if mode == "auto" else None
     if notice:
         typer.echo(f"note: {notice}", err=True)
-    params = engine.qa_params(max_new_tokens)
     answer = None
-    for item in engine.stream(question, [p.text for p in passages], mode, params):
+    for item in engine.stream(question, found.texts, mode, engine.qa_params(max_new_tokens)):
         if isinstance(item, Answer):
             answer = item
         elif not as_json:
@@ -154,7 +151,7 @@ def _ask_local(engine, catalog, question, collection, mode, top_k, max_new_token
             "recomputed for this answer (`turborag cache verify` checks them all)",
             err=True,
         )
-    _report(answer, answer.mode, [p.chunk_id for p in passages], as_json)
+    _report(answer, answer.mode, [p.chunk_id for p in found.passages], as_json)
 
 
 def _report(answer, mode: str, ids: list[str], as_json: bool, via: str | None = None) -> None:

@@ -71,7 +71,7 @@ def bench_ttft_cmd(
         "model": model,
         "device": str(engine.lm.device),
         "dtype": str(engine.lm.dtype).replace("torch.", ""),
-        "store_dtype": engine.store.dtype,
+        "cache_format": engine.store.cache_format,
         "repeats": repeats,
         "kv_bytes_per_token": bytes_per_token(engine.lm.model, engine.store.torch_dtype),
     }
@@ -107,11 +107,35 @@ def bench_ttft_cmd(
         )
     stdout().print(table)
     stdout().print(
-        f"KV bytes per token ({engine.store.dtype}, tensors only): {info['kv_bytes_per_token']}. "
+        f"KV bytes per token ({engine.store.cache_format}, tensors only): {info['kv_bytes_per_token']}. "
         "Turbo TTFT includes reading caches from the store; floor = question prefill + first token against "
         "the context already assembled; precompute is offline."
     )
     write_plot(plot, plot_ttft, result)
+
+
+@app.command("plot")
+def bench_plot_cmd(
+    json_file: Path = typer.Argument(..., help="a saved --json output (a log whose last line is the JSON)"),
+    out: Path = typer.Option(..., "--out", help="the PNG to write"),
+) -> None:
+    """Draw the plot of a saved `--json` output of `bench ttft`, `bench serve` or `eval`, as --plot would.
+
+    The command is told from the JSON's shape; a file of several lines is read from its last line."""
+    check_plot(out)
+    from turborag.bench.plots import plot_any
+
+    try:
+        lines = json_file.read_text(encoding="utf-8").strip().splitlines()
+        result = json.loads(lines[-1]) if lines else None
+        if not isinstance(result, dict):
+            raise ValueError("no JSON object on its last line")
+    except (OSError, ValueError) as e:
+        fail(f"{json_file}: {e}")
+    try:
+        write_plot(out, plot_any, result)
+    except (ValueError, KeyError) as e:
+        fail(f"{json_file}: {e}")
 
 
 @app.command("abstain")
@@ -170,7 +194,7 @@ def bench_store_cmd(
     from turborag.store.errors import StoreUnavailable
 
     engine = engine_for(model, device, None, "auto", dtype)
-    fmts = [f.strip() for f in formats.split(",")] if formats else [engine.store.dtype, "int8", "fp8"]
+    fmts = [f.strip() for f in formats.split(",")] if formats else [engine.store.cache_format, "int8", "fp8"]
     root = turborag_home() / "bench-store-tiers"
     try:
         rows = bench_store(
@@ -279,7 +303,7 @@ def bench_serve_cmd(
     agent-style conversation."""
     from turborag.bench.plots import plot_serve
     from turborag.bench.serve import bench_agent, bench_load, sweep_row
-    from turborag.cli.serve import serve_backend
+    from turborag.cli.serve import served_for
 
     check_plot(plot)
     if min_tokens > max_tokens:
@@ -287,11 +311,11 @@ def bench_serve_cmd(
     counts = int_list(sweep, "--sweep") if sweep.strip() else []
     if counts and max(counts) > 256:
         fail(f"--sweep counts clients, at most 256, got {max(counts)}")
-    backend = serve_backend(None, model, device, 8, use_store=False, dtype=dtype)
+    served = served_for(None, model, device, 8, use_store=False, dtype=dtype)
 
     def measure(n: int, width: int, share: float = 0.0) -> dict:
         return bench_load(
-            backend,
+            served,
             n,
             rounds,
             max_tokens,
@@ -308,7 +332,28 @@ def bench_serve_cmd(
             if (n, width) not in runs:
                 runs[n, width] = measure(n, width)
     mixed = {width: measure(clients, width, full_share) for width in (1, max_batch)} if full_share else {}
-    agent = bench_agent(backend, steps, system_tokens)
+    agent = bench_agent(served, steps, system_tokens)
+    ratios = _serve_ratios(alone, load, mixed.get(max_batch))
+    out = {"model": model, "device": device, "load": load, "load_max_batch_1": alone, "ratios": ratios}
+    if mixed:
+        out["mixed"], out["mixed_max_batch_1"] = mixed[max_batch], mixed[1]
+    if counts:
+        out["sweep"] = [sweep_row(runs[n, w]) for n in sorted(set(counts)) for w in (1, max_batch)]
+    out["agent"] = agent  # last
+    if as_json:
+        typer.echo(json.dumps(out))
+        write_plot(plot, plot_serve, out)
+        return
+    _print_load(out, clients, rounds, min_tokens, max_tokens, max_batch, max_batch_tokens)
+    if counts:
+        _print_sweep(out["sweep"], rounds)
+    _print_agent(agent, steps, system_tokens)
+    write_plot(plot, plot_serve, out)
+
+
+def _serve_ratios(alone: dict, load: dict, mixed: dict | None) -> dict[str, float | None]:
+    """Batched against one at a time (requests/s, tokens/s, TTFT p99), and what the mixed load's long
+    prefills do to the turbo requests' tail, batched."""
     ratios = {
         name: (load[key] / alone[key] if alone[key] else None)
         for name, key in (
@@ -318,21 +363,23 @@ def bench_serve_cmd(
         )
     }
     if mixed:
-        # what a quarter of long prefills does to the turbo requests' tail, batched
         turbo_p99 = load["turbo_ttft_p99_s"]
         ratios["mixed_turbo_ttft_p99_vs_turbo_only"] = (
-            mixed[max_batch]["turbo_ttft_p99_s"] / turbo_p99 if turbo_p99 else None
+            mixed["turbo_ttft_p99_s"] / turbo_p99 if turbo_p99 else None
         )
-    out = {"model": model, "device": device, "load": load, "load_max_batch_1": alone, "ratios": ratios}
-    if mixed:
-        out["mixed"], out["mixed_max_batch_1"] = mixed[max_batch], mixed[1]
-    if counts:
-        out["sweep"] = [sweep_row(runs[n, w]) for n in sorted(set(counts)) for w in (1, max_batch)]
-    out["agent"] = agent  # last, as before
-    if as_json:
-        typer.echo(json.dumps(out))
-        write_plot(plot, plot_serve, out)
-        return
+    return ratios
+
+
+def _seconds(v: float | None) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def _print_load(out: dict, clients: int, rounds: int, min_tokens: int, max_tokens: int, max_batch: int,
+                max_batch_tokens: int) -> None:  # fmt: skip
+    """The load runs of `bench serve` (one at a time and batched, turbo only and mixed) and their ratios."""
+    model, device, ratios = out["model"], out["device"], out["ratios"]
+    alone, load = out["load_max_batch_1"], out["load"]
+    mixed = {1: out["mixed_max_batch_1"], max_batch: out["mixed"]} if "mixed" in out else {}
     length = (
         f"answers of {min_tokens}-{max_tokens} tokens" if min_tokens else f"answers up to {max_tokens} tokens"
     )
@@ -345,9 +392,6 @@ def bench_serve_cmd(
     for col in [*columns, "longest iteration (s, tokens)", "queue after"]:
         t.add_column(col, justify="right")
 
-    def seconds(v: float | None) -> str:
-        return "-" if v is None else f"{v:.3f}"
-
     for row in (alone, load, *([mixed[1], mixed[max_batch]] if mixed else [])):
         t.add_row(
             f"{row['full_share']:.0%} full" if row["full_share"] else "turbo",
@@ -358,7 +402,7 @@ def bench_serve_cmd(
             f"{row['tokens_per_s']:.1f}",
             f"{row['ttft_p50_s']:.3f}",
             f"{row['ttft_p99_s']:.3f}",
-            f"{seconds(row['turbo_ttft_p99_s'])} / {seconds(row['full_ttft_p99_s'])}",
+            f"{_seconds(row['turbo_ttft_p99_s'])} / {_seconds(row['full_ttft_p99_s'])}",
             f"{row['itl_p50_s'] or 0:.3f}",
             f"{row['itl_p99_s'] or 0:.3f}",
             f"{row['longest_iteration_s']:.2f}, {row['longest_prefill_tokens']}",
@@ -375,20 +419,27 @@ def bench_serve_cmd(
             else ""
         )
     )
-    if counts:
-        t = Table(title=f"TTFT against concurrency: turbo only, {rounds} requests a client")
-        for col in ("clients", "max batch", "requests/s", "TTFT p50 (s)", "TTFT p99 (s)", "errors"):
-            t.add_column(col, justify="right")
-        for row in out["sweep"]:
-            t.add_row(
-                str(row["clients"]),
-                str(row["max_batch"]),
-                f"{row['requests_per_s']:.2f}",
-                seconds(row["ttft_p50_s"]),
-                seconds(row["ttft_p99_s"]),
-                str(row["errors"]),
-            )
-        stdout().print(t)
+
+
+def _print_sweep(rows: list[dict], rounds: int) -> None:
+    """TTFT against the number of clients, turbo only."""
+    t = Table(title=f"TTFT against concurrency: turbo only, {rounds} requests a client")
+    for col in ("clients", "max batch", "requests/s", "TTFT p50 (s)", "TTFT p99 (s)", "errors"):
+        t.add_column(col, justify="right")
+    for row in rows:
+        t.add_row(
+            str(row["clients"]),
+            str(row["max_batch"]),
+            f"{row['requests_per_s']:.2f}",
+            _seconds(row["ttft_p50_s"]),
+            _seconds(row["ttft_p99_s"]),
+            str(row["errors"]),
+        )
+    stdout().print(t)
+
+
+def _print_agent(agent: dict, steps: int, system_tokens: int) -> None:
+    """The agent conversation's TTFT with and without prompt caching, step by step."""
     t = Table(
         title=f"agent: {steps} steps, {system_tokens}-token system prompt, TTFT with/without prompt caching"
     )
@@ -405,7 +456,6 @@ def bench_serve_cmd(
             f"{b['ttft_s'] / a['ttft_s']:.1f}x",
         )
     stdout().print(t)
-    write_plot(plot, plot_serve, out)
 
 
 @app.command("ask")

@@ -46,50 +46,8 @@ def cache_stats(store: Path = StoreOpt, collection: str = CollectionOpt, as_json
     (shared with other collections holding the same text), and which of their files are on disk (a damaged
     file that `cache verify` removed is counted as missing, not present)."""
     catalog = open_catalog(store, create=False, collection=collection)
-    meta = catalog.meta()
-    counts = catalog.stats()
-    kv = store_kv(catalog)
-    sizes = {key: kv.size(key) or 0 for key in kv.keys()}  # every stored cache, named or not
-    on_disk = set(sizes)
-    entries = catalog.collection_cache_entries()
-    known = {k for k, _ in catalog.cache_entries()}  # an orphan is a file no collection names
-    present = [b for k, b in entries if k in on_disk]
-    stats = dict(
-        documents=counts["documents"],
-        files=counts["files"],
-        chunks=counts["chunks"],
-        tokens=counts["tokens"],
-        cache_entries=counts["cache_entries"],
-        cache_files=len(present),
-        missing_caches=len(entries) - len(present),
-        cache_bytes=sum(present),
-        store=str(catalog.root),
-        collection=catalog.collection,
-        collections=catalog.collections(),
-        model=meta.get("model"),
-        model_fingerprint=meta.get("model_fingerprint"),
-        chunk_tokens=int(meta["chunk_tokens"]) if "chunk_tokens" in meta else None,
-        chunk_overlap=int(meta["chunk_overlap"]) if "chunk_overlap" in meta else None,
-        store_dtype=meta.get("store_dtype"),
-        disk_bytes=sum(sizes.values()),
-        orphan_files=sum(1 for key in sizes if key not in known),
-        backend=kv.backend.url,
-        disk_tier=kv.backend.stats() if hasattr(kv.backend, "stats") else None,
-    )
-    missing = stats["missing_caches"]
-    if missing and stats["disk_tier"] and stats["disk_tier"]["evictions"]:
-        typer.echo(
-            f"{plural(missing, 'chunk cache')} evicted by the disk cap ({stats['disk_tier']['max_bytes']:,} "
-            "bytes): recomputed and stored again when a question needs them",
-            err=True,
-        )
-    elif missing:
-        one = missing == 1
-        typer.echo(
-            f"{plural(missing, 'chunk cache')} {'is' if one else 'are'} missing: `turborag ingest` on the "
-            f"same paths recomputes {'it' if one else 'them'} (so does `ask`, when needed)",
-            err=True,
-        )
+    stats = _stats(catalog)
+    _warn_missing(stats)
     if as_json:
         typer.echo(json.dumps(stats))
         return
@@ -104,6 +62,58 @@ def cache_stats(store: Path = StoreOpt, collection: str = CollectionOpt, as_json
             label = _STATS_LABELS.get(k, k.replace("_", " "))
             table.add_row(label, f"{v:,}" if isinstance(v, int) else str(v))
     stdout().print(table)
+
+
+def _stats(catalog) -> dict:
+    """What `cache stats` reports, in its JSON shape."""
+    settings = catalog.settings()
+    counts = catalog.stats()
+    kv = store_kv(catalog)
+    sizes = {key: kv.size(key) or 0 for key in kv.keys()}  # every stored cache, named or not
+    on_disk = set(sizes)
+    entries = catalog.collection_cache_entries()
+    known = {k for k, _ in catalog.cache_entries()}  # an orphan is a file no collection names
+    present = [b for k, b in entries if k in on_disk]
+    return dict(
+        documents=counts["documents"],
+        files=counts["files"],
+        chunks=counts["chunks"],
+        tokens=counts["tokens"],
+        cache_entries=counts["cache_entries"],
+        cache_files=len(present),
+        missing_caches=len(entries) - len(present),
+        cache_bytes=sum(present),
+        store=str(catalog.root),
+        collection=catalog.collection,
+        collections=catalog.collections(),
+        model=settings.model,
+        model_fingerprint=settings.model_fingerprint,
+        chunk_tokens=settings.chunk_tokens,
+        chunk_overlap=settings.chunk_overlap,
+        cache_format=settings.cache_format,
+        disk_bytes=sum(sizes.values()),
+        orphan_files=sum(1 for key in sizes if key not in known),
+        backend=kv.backend.url,
+        disk_tier=kv.backend.stats() if hasattr(kv.backend, "stats") else None,
+    )
+
+
+def _warn_missing(stats: dict) -> None:
+    """A line on stderr when caches are missing: evicted by the disk cap, or gone."""
+    missing = stats["missing_caches"]
+    if missing and stats["disk_tier"] and stats["disk_tier"]["evictions"]:
+        typer.echo(
+            f"{plural(missing, 'chunk cache')} evicted by the disk cap ({stats['disk_tier']['max_bytes']:,} "
+            "bytes): recomputed and stored again when a question needs them",
+            err=True,
+        )
+    elif missing:
+        one = missing == 1
+        typer.echo(
+            f"{plural(missing, 'chunk cache')} {'is' if one else 'are'} missing: `turborag ingest` on the "
+            f"same paths recomputes {'it' if one else 'them'} (so does `ask`, when needed)",
+            err=True,
+        )
 
 
 @app.command("verify")
@@ -121,9 +131,49 @@ def cache_verify(
     cache is missing or damaged. `turborag ingest` on the same paths recomputes them (so does `ask`).
     Format-1 caches (earlier turborag) are read whole on every use; --migrate rewrites them as format 2,
     whose requests read only the layers they need."""
+    catalog = open_catalog(store, create=False)
+    ok, missing, damaged, formats, migrated = _verify_all(catalog, migrate)
+    out = {"ok": ok, "missing": len(missing), "damaged": len(damaged), "formats": formats}
+    if migrate:
+        out["migrated"] = migrated
+    repaired = 0
+    if repair and (missing or damaged):
+        repaired = out["repaired"] = _repair(catalog, missing + damaged)
+    if as_json:
+        typer.echo(json.dumps(out))
+    else:
+        # A damaged file is removed as soon as it is found: say so, but only when there was one.
+        bad = f"{len(damaged)} damaged and removed" if damaged else "0 damaged"
+        typer.echo(
+            f"{plural(ok, 'chunk cache')} ok (format 2: {formats['2']}, format 1: {formats['1']}), "
+            f"{len(missing)} missing, {bad}"
+            + (f", {migrated} migrated to format 2" if migrate else "")
+            + (f", {repaired} recomputed" if repaired else ""),
+            err=True,
+        )
+    if formats["1"] and not migrate:
+        # The count is a parenthesis, which reads right for any number (and tests/store asserts this line).
+        typer.echo(
+            f"format-1 caches ({formats['1']}) are still read, through the slower whole-file path; "
+            f"`turborag cache verify --migrate --store {catalog.root}` rewrites them as format 2",
+            err=True,
+        )
+    n = len(missing) + len(damaged) - repaired
+    if n:
+        fail(
+            f"{plural(n, 'chunk cache')} {'needs' if n == 1 else 'need'} recomputing: run `turborag cache "
+            f"verify --repair --store {catalog.root}` (or let `ask` recompute {'it' if n == 1 else 'them'} "
+            "when needed)",
+            code=1,
+        )
+
+
+def _verify_all(catalog, migrate: bool) -> tuple[int, list[str], list[str], dict[str, int], int]:
+    """Read and check every cache the catalog names: (ok, missing keys, damaged keys, formats of the ok
+    ones as found, migrated). A damaged file is removed by the read; with `migrate`, format-1 caches are
+    rewritten as format 2."""
     from turborag.store.catalog import StoreError
 
-    catalog = open_catalog(store, create=False)
     kv = store_kv(catalog)
     ok, missing, damaged, migrated = 0, [], [], 0
     formats = {"1": 0, "2": 0}  # of the caches that read ok, as found (before any migration)
@@ -154,41 +204,7 @@ def cache_verify(
             f"migration stopped after {plural(migrated, 'chunk cache')} ({e}); the others are unchanged and "
             "still readable"
         )
-    out = {"ok": ok, "missing": len(missing), "damaged": len(damaged), "formats": formats}
-    if migrate:
-        out["migrated"] = migrated
-    repaired = 0
-    if repair and (missing or damaged):
-        repaired = out["repaired"] = _repair(catalog, missing + damaged)
-    if as_json:
-        typer.echo(json.dumps(out))
-    else:
-        # A damaged file is removed as soon as it is found: say so, but only when there was one.
-        bad = f"{len(damaged)} damaged and removed" if damaged else "0 damaged"
-        typer.echo(
-            f"{plural(ok, 'chunk cache')} ok (format 2: {formats['2']}, format 1: {formats['1']}), "
-            f"{len(missing)} missing, {bad}"
-            + (f", {migrated} migrated to format 2" if migrate else "")
-            + (f", {repaired} recomputed" if repaired else ""),
-            err=True,
-        )
-    if formats["1"] and not migrate:
-        # The count is a parenthesis, which reads right for any number (and tests/store asserts this line).
-        typer.echo(
-            f"format-1 caches ({formats['1']}) are still read, through the slower whole-file path; "
-            f"`turborag cache verify --migrate --store {catalog.root}` rewrites them as format 2",
-            err=True,
-        )
-    if missing or damaged:
-        n = len(missing) + len(damaged) - repaired
-        if n == 0:
-            return
-        fail(
-            f"{plural(n, 'chunk cache')} {'needs' if n == 1 else 'need'} recomputing: run `turborag cache "
-            f"verify --repair --store {catalog.root}` (or let `ask` recompute {'it' if n == 1 else 'them'} "
-            "when needed)",
-            code=1,
-        )
+    return ok, missing, damaged, formats, migrated
 
 
 def _repair(catalog, keys: list[str]) -> int:
@@ -243,7 +259,7 @@ def cache_gc(store: Path = StoreOpt, as_json: bool = JsonOpt) -> None:
                 freed += sum(f.stat().st_size for f in removed)
                 files += len(removed)
                 shutil.rmtree(folder, ignore_errors=True)
-            catalog.db.execute("VACUUM")
+            catalog.vacuum()
     except StoreError as e:
         fail(str(e))
     if as_json:

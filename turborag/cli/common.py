@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 
 from turborag.core.defaults import BASE_MODEL, DEFAULT_MODEL
+from turborag.store.settings import CACHE_FORMATS
 
 console = Console(stderr=True)
 
@@ -66,12 +67,6 @@ AbstainThresholdOpt = typer.Option(
 )
 
 
-def set_abstain_threshold(engine, value: float | None) -> None:
-    """--abstain-threshold: None keeps the model's recorded threshold, 0 turns it off."""
-    if value is not None:
-        engine.abstain_threshold = value or None
-
-
 NameCheckOpt = typer.Option(
     None,
     "--name-check/--no-name-check",
@@ -80,10 +75,12 @@ NameCheckOpt = typer.Option(
 )
 
 
-def set_name_check(engine, value: bool | None) -> None:
-    """--name-check / --no-name-check: None keeps the model's recorded setting."""
-    if value is not None:
-        engine.name_check = value
+def answer_options(abstain_threshold: float | None, name_check: bool | None):
+    """The engine options of --abstain-threshold and --name-check: None keeps what the model records, a
+    threshold of 0 turns it off (core/options.py)."""
+    from turborag.core.options import EngineOptions
+
+    return EngineOptions(abstain_threshold=abstain_threshold, name_check=name_check)
 
 
 # Options of the commands that work on a store (ingest, ask, remove, cache): the store remembers its model.
@@ -142,9 +139,8 @@ def parse_cache_format(name: str | None) -> str | None:
         return None
     aliases = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
     name = aliases.get(name, name)
-    choices = ("float16", "bfloat16", "float32", "int8", "fp8")
-    if name not in choices:
-        fail(f"unknown --cache-format {name!r}: use one of {', '.join(choices)}")
+    if name not in CACHE_FORMATS:
+        fail(f"unknown --cache-format {name!r}: use one of {', '.join(CACHE_FORMATS)}")
     return name
 
 

@@ -135,8 +135,8 @@ def ingest(
         cap = parse_bytes(max_disk_bytes) if max_disk_bytes is not None else None
     except ValueError as e:
         fail(f"--max-disk-bytes: {e}")
-    cache_dtype = parse_cache_format(cache_format)
-    from turborag.rag.chunker import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP, Chunker, check_params
+    fmt = parse_cache_format(cache_format)
+    from turborag.rag.chunker import Chunker, check_params, chunking
     from turborag.rag.embed import Embedder
     from turborag.rag.ingest import IngestInterrupted, Ingestor, StoreWriteError
     from turborag.rag.loaders import LoadReport, find_files
@@ -150,10 +150,8 @@ def ingest(
             fail(f"{_nothing_to_ingest(paths, len(report.skipped))}; no store was created", code=1)
     catalog = open_catalog(store, create=True, collection=collection)
     try:
-        meta = catalog.meta()
-        size = chunk_tokens or int(meta.get("chunk_tokens", DEFAULT_CHUNK_TOKENS))
-        default_overlap = int(meta.get("chunk_overlap", min(DEFAULT_OVERLAP, size // 2)))
-        ovl = overlap if overlap is not None else default_overlap
+        recorded = catalog.settings()
+        size, ovl = chunking(recorded.chunk_tokens, recorded.chunk_overlap, chunk_tokens, overlap)
         try:
             check_params(size, ovl)
         except ValueError as e:
@@ -167,7 +165,7 @@ def ingest(
             dtype=dtype,
             kv_url=store_url,
             max_disk_bytes=cap,
-            cache_format=cache_dtype,
+            cache_format=fmt,
             chunk_tokens=size,
             chunk_overlap=ovl,
         )
@@ -206,16 +204,16 @@ def _ray_remote(engine, catalog, address: str, workers: int):
         fail("--ray needs Ray: pip install 'turborag[ray]'")
     from turborag.rag.ray_precompute import WorkerSpec, precompute_on_ray
 
-    meta = catalog.meta()
+    settings = catalog.settings()
     spec = WorkerSpec(
-        model=meta["model"],
+        model=settings.model,
         device=engine.lm.device.type,
-        dtype=meta["dtype"],
+        dtype=settings.dtype,
         template=engine.layout.template,
-        store_url=meta.get("kv_url") or str(catalog.root),
-        store_dtype=engine.store.dtype,
+        store_url=settings.kv_url or str(catalog.root),
+        cache_format=engine.store.cache_format,
         fingerprint=engine.lm.fingerprint,
-        max_disk_bytes=int(meta.get("max_disk_bytes", 0)) or None,
+        max_disk_bytes=settings.max_disk_bytes or None,
         batch_size=engine.batch_size,
     )
     return functools.partial(precompute_on_ray, spec=spec, address=address, workers=workers)

@@ -20,11 +20,10 @@ from turborag.cli.common import (
     ModelOpt,
     NameCheckOpt,
     TemplateOpt,
+    answer_options,
     check_plot,
     fail,
     parse_cache_format,
-    set_abstain_threshold,
-    set_name_check,
     stdout,
     write_plot,
 )
@@ -93,7 +92,7 @@ def eval_cmd(
     if scoring not in SCORINGS:
         fail(f"unknown --scoring {scoring!r}: use {' or '.join(SCORINGS)}")
     check_plot(plot)  # before the eval, not after it
-    cache_dtype = parse_cache_format(cache_format)
+    fmt = parse_cache_format(cache_format)
     if not data.is_file():
         fail(f"no such file: {data}")
     # after the checks above: evaluate imports torch, seconds a mistyped argument should not wait for
@@ -109,9 +108,8 @@ def eval_cmd(
     results = {}
     threshold, checked = None, None
     for spec, group in group_by_model(mode_list, model).items():  # one model in memory at a time
-        engine = engine_for(spec, device, store, template, dtype, cache_dtype)
-        set_abstain_threshold(engine, abstain_threshold)
-        set_name_check(engine, name_check)
+        options = answer_options(abstain_threshold, name_check)
+        engine = engine_for(spec, device, store, template, dtype, fmt, options)
         if spec == model:
             threshold, checked = engine.abstain_threshold, engine.name_check
         got = run_eval(

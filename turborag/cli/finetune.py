@@ -1,5 +1,6 @@
 """`turborag finetune`: the cache-aware fine-tune (the work is in train/finetune.py), on a data file or as a
-recipe (train/recipe.py) that builds its own data."""
+recipe that builds its own data (turborag_research/recipe.py: the research generators, imported only by
+the --recipe branch, when it runs)."""
 
 from __future__ import annotations
 
@@ -50,30 +51,17 @@ def finetune(
     """Cache-aware fine-tune: trains through the serving path (independent chunks, reordered positions).
 
     With --recipe the same command builds OUT/data.jsonl first and, run again, resumes where it stopped."""
-    from turborag.core.model import ModelError, dtype_name, load_model, resolve_device, resolve_dtype
+    from turborag.core.model import ModelError, load_model
     from turborag.train.finetune import TrainConfig, resume_step
     from turborag.train.finetune import finetune as run
 
     if (data is None) == (recipe is None):
         fail("give exactly one of --data FILE (training JSONL) and --recipe NAME_OR_PATH (builds its data)")
-    rec = None
+    rec, overrides = None, {}
     if recipe is not None:
-        from turborag.train import recipe as recipes
-
         if init_adapter is not None:
             fail("--recipe trains from its base model: it does not go with --init-adapter")
-        # only options typed on the command line override the recipe, not this command's defaults (by the
-        # source's name: typer may bring its own copy of click and of its ParameterSource enum)
-        overrides = {
-            k: ctx.params[k]
-            for k in recipes.OVERRIDE_KEYS
-            if getattr(ctx.get_parameter_source(k), "name", None) == "COMMANDLINE"
-        }
-        try:
-            rec = recipes.load_recipe(recipe)
-            cfg = recipes.train_config(rec, out, overrides)
-        except ValueError as e:
-            fail(str(e))
+        rec, cfg, overrides = _recipe_config(ctx, recipe, out)
     else:
         if not data.is_file():
             fail(f"no such file: {data}")
@@ -97,20 +85,9 @@ def finetune(
             init_adapter=str(init_adapter) if init_adapter else None,
             warmup=warmup,
         )
-    if cfg.init_adapter is not None and not cfg.lora:
-        fail("--init-adapter continues a LoRA adapter: it does not go with --full")
-    if cfg.positions not in ("reordered", "composite"):
-        fail(f"unknown positions {cfg.positions!r}: use reordered or composite")
-    if cfg.dtype not in ("auto", "float32", "bfloat16"):
-        fail(f"unknown --dtype {cfg.dtype!r}: use auto, float32 or bfloat16")
-    if not cfg.lora and cfg.dtype == "bfloat16":
-        fail("full fine-tuning trains in fp32: use --dtype float32 (or auto) with --full")
-    try:
-        torch_dtype = resolve_dtype("float32" if not cfg.lora else cfg.dtype, resolve_device(device))
-    except (ModelError, ValueError) as e:
-        fail(str(e))
-    cfg.dtype = dtype_name(torch_dtype)
+    torch_dtype = _checked(cfg, device)
     if rec is not None:
+        from turborag_research import recipe as recipes
 
         def say(line: str) -> None:
             typer.echo(f"recipe {rec.name}: {line}", err=True)
@@ -128,3 +105,42 @@ def finetune(
     except (ModelError, ValueError) as e:
         fail(str(e))
     typer.echo(f"fine-tuned model written to {dest} (use it with --model {dest})", err=True)
+
+
+def _recipe_config(ctx: typer.Context, recipe: str, out: Path):
+    """(recipe, training config, overrides) of `--recipe`: only options typed on the command line override
+    the recipe, not this command's defaults (told apart by the source's name: typer may bring its own copy
+    of click and of its ParameterSource enum)."""
+    from turborag_research import recipe as recipes
+
+    overrides = {
+        k: ctx.params[k]
+        for k in recipes.OVERRIDE_KEYS
+        if getattr(ctx.get_parameter_source(k), "name", None) == "COMMANDLINE"
+    }
+    try:
+        rec = recipes.load_recipe(recipe)
+        return rec, recipes.train_config(rec, out, overrides), overrides
+    except ValueError as e:
+        fail(str(e))
+
+
+def _checked(cfg, device: str):
+    """The torch dtype of the base weights, once the settings that do not go together are refused (and
+    `cfg.dtype` set to its name)."""
+    from turborag.core.model import ModelError, dtype_name, resolve_device, resolve_dtype
+
+    if cfg.init_adapter is not None and not cfg.lora:
+        fail("--init-adapter continues a LoRA adapter: it does not go with --full")
+    if cfg.positions not in ("reordered", "composite"):
+        fail(f"unknown positions {cfg.positions!r}: use reordered or composite")
+    if cfg.dtype not in ("auto", "float32", "bfloat16"):
+        fail(f"unknown --dtype {cfg.dtype!r}: use auto, float32 or bfloat16")
+    if not cfg.lora and cfg.dtype == "bfloat16":
+        fail("full fine-tuning trains in fp32: use --dtype float32 (or auto) with --full")
+    try:
+        torch_dtype = resolve_dtype("float32" if not cfg.lora else cfg.dtype, resolve_device(device))
+    except (ModelError, ValueError) as e:
+        fail(str(e))
+    cfg.dtype = dtype_name(torch_dtype)
+    return torch_dtype

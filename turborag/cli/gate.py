@@ -25,7 +25,7 @@ BUILD_HELP = {
     "synth-unseen": "turborag data mix --n 1 --out /tmp/scratch.jsonl --eval-dir EVAL_DIR",
     "synth-seen": "turborag data mix --n 1 --out /tmp/scratch.jsonl --eval-dir EVAL_DIR",
     "realtext-doc": "turborag data mix --n 1 --out /tmp/scratch.jsonl --eval-dir EVAL_DIR",
-    "langref": "turborag demo, then python scripts/langref_eval.py --out EVAL_DIR/langref-eval.jsonl",
+    "langref": "turborag demo, then turborag data langref --out EVAL_DIR/langref-eval.jsonl",
 }
 
 

@@ -7,11 +7,13 @@ serve): a store remembers its model, template, cache dtype and chunking, and a d
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from turborag.cli.common import console, fail
 from turborag.core.defaults import DEFAULT_MODEL, turborag_home
+from turborag.core.options import EngineOptions
 
 if TYPE_CHECKING:
     from turborag.store.catalog import Catalog
@@ -26,22 +28,23 @@ def engine_for(
     store: Path | None,
     template: str,
     dtype: str = "auto",
-    cache_dtype: str | None = None,
+    cache_format: str | None = None,
+    options: EngineOptions | None = None,
 ):
     """An engine over a cache store that is not bound to a catalog (default: $TURBORAG_HOME/eval-store).
-    Caches are kept in the compute dtype when it is 16-bit, else in fp16 (`cache_dtype` overrides)."""
+    Caches are kept in the compute dtype when it is 16-bit, else in fp16 (`cache_format` overrides)."""
     import transformers
 
     from turborag.core.engine import Engine
-    from turborag.core.model import ModelError, cache_dtype_for, load_model
+    from turborag.core.model import ModelError, cache_format_for, load_model
     from turborag.store.kv_store import KVStore
 
     transformers.utils.logging.disable_progress_bar()  # "Loading weights" bars under our own status line
     try:
         with console.status(f"loading {model}"):
             lm = load_model(model, device, dtype)
-        kv = KVStore(store or turborag_home() / "eval-store", cache_dtype or cache_dtype_for(lm.dtype))
-        return Engine(lm, kv, template)
+        kv = KVStore(store or turborag_home() / "eval-store", cache_format or cache_format_for(lm.dtype))
+        return Engine(lm, kv, replace(options or EngineOptions(), template=template))
     except ModelError as e:
         fail(str(e))
     except ValueError as e:
@@ -86,12 +89,14 @@ def load_engine(
     ingest: bool = False,
     dtype: str | None = None,
     kv_url: str | None = None,
-    ram_cache_bytes: int = 0,
     max_disk_bytes: int | None = None,
     cache_format: str | None = None,
-    **settings,
+    chunk_tokens: int | None = None,
+    chunk_overlap: int | None = None,
+    options: EngineOptions | None = None,
 ):
-    """The engine for this store; with `ingest`, binds a new store to the model (and settings).
+    """The engine for this store; with `ingest`, binds a new store to the model (and chunking). `options`
+    are the engine's (its template is the store's unless `template` is given).
 
     The store remembers the compute dtype its caches were made in (a cache is only valid for that dtype),
     so `--dtype` defaults to the store's; a store from before `--dtype` existed was computed in fp32 on CPU.
@@ -99,67 +104,72 @@ def load_engine(
     import transformers
 
     from turborag.core.engine import Engine
-    from turborag.core.model import (
-        ModelError,
-        cache_dtype_for,
-        dtype_name,
-        legacy_dtype,
-        load_model,
-        resolve_device,
-        resolve_dtype,
-    )
+    from turborag.core.model import ModelError, dtype_name, load_model
     from turborag.rag.embed import EMBEDDER
     from turborag.rag.ingest import check_keys
     from turborag.store.catalog import StoreError
     from turborag.store.kv_store import KVStore
+    from turborag.store.settings import SettingsError, StoreSettings
 
     transformers.utils.logging.disable_progress_bar()  # "Loading weights" bars; ingest draws its own
-    meta = catalog.meta()
-    bound_before = "model_fingerprint" in meta
-    if not ingest and not bound_before:
-        fail(f"store {catalog.root} is empty: run `turborag ingest PATH --store {catalog.root}` first")
-    spec = _model_spec(model or meta.get("model") or DEFAULT_MODEL)
     try:
-        dev = resolve_device(device)
-        if dtype is None and "dtype" in meta:
-            dtype = meta["dtype"]
-        elif dtype is None and bound_before:
-            dtype = dtype_name(legacy_dtype(dev))
-        compute = resolve_dtype(dtype, dev)
-        store_dtype = meta.get("store_dtype") or cache_format or cache_dtype_for(compute)
-        if cache_format and cache_format != store_dtype:
-            fail(
-                f"store {catalog.root} keeps its caches as {store_dtype}, not {cache_format}: "
-                "use another --store"
-            )
-        if bound_before:  # before loading: a different dtype also changes the fingerprint, so say which
-            catalog.check_settings(dtype=dtype_name(compute))
+        recorded = catalog.settings()
+    except SettingsError as e:
+        fail(f"store {catalog.root}: {e}")
+    if not ingest and not recorded.bound:
+        fail(f"store {catalog.root} is empty: run `turborag ingest PATH --store {catalog.root}` first")
+    spec = _model_spec(model or recorded.model or DEFAULT_MODEL)
+    try:
+        compute, fmt = _dtypes(catalog, recorded, device, dtype, cache_format)
+        if recorded.bound:  # before loading: a different dtype also changes the fingerprint, so say which
+            catalog.check(StoreSettings(dtype=dtype_name(compute)))
         with console.status(f"loading {spec}"):
             lm = load_model(spec, device, compute)
-        kv = KVStore(_kv_backend(catalog, kv_url, bind=ingest, max_disk_bytes=max_disk_bytes), store_dtype)
-        engine = Engine(lm, kv, template or meta.get("template") or "auto", ram_cache_bytes=ram_cache_bytes)
-        bound = dict(
+        kv = KVStore(_kv_backend(catalog, kv_url, bind=ingest, max_disk_bytes=max_disk_bytes), fmt)
+        template = template or recorded.template or "auto"
+        engine = Engine(lm, kv, replace(options or EngineOptions(), template=template))
+        bound = StoreSettings(
+            model=spec,
+            model_fingerprint=lm.fingerprint,
             template=engine.layout.template,
-            store_dtype=engine.store.dtype,
-            embedder=EMBEDDER,
             dtype=dtype_name(compute),
-            **settings,
+            cache_format=engine.store.cache_format,
+            embedder=EMBEDDER,
+            chunk_tokens=chunk_tokens,
+            chunk_overlap=chunk_overlap,
         )
         if ingest:
-            catalog.bind(spec, lm.fingerprint, **bound)
+            catalog.bind(bound)
         else:
-            catalog.check(spec, lm.fingerprint, **bound)
+            catalog.check(bound)
         check_keys(catalog, engine)
         return engine
     except (ModelError, StoreError, ValueError) as e:
         fail(str(e))
 
 
+def _dtypes(catalog: Catalog, recorded, device: str, dtype: str | None, cache_format: str | None):
+    """(compute dtype, cache format) for this store: as asked, else as the store recorded, else the
+    defaults; a cache format other than the store's is refused."""
+    from turborag.core.model import cache_format_for, dtype_name, legacy_dtype, resolve_device, resolve_dtype
+
+    dev = resolve_device(device)
+    if dtype is None and recorded.dtype is not None:
+        dtype = recorded.dtype
+    elif dtype is None and recorded.bound:
+        dtype = dtype_name(legacy_dtype(dev))
+    compute = resolve_dtype(dtype, dev)
+    fmt = recorded.cache_format or cache_format or cache_format_for(compute)
+    if cache_format and cache_format != fmt:
+        fail(f"store {catalog.root} keeps its caches as {fmt}, not {cache_format}: use another --store")
+    return compute, fmt
+
+
 def store_kv(catalog: Catalog):
     """The KV cache store of an open catalog, in the cache dtype it was built with."""
     from turborag.store.kv_store import KVStore
 
-    return KVStore(_kv_backend(catalog), catalog.meta().get("store_dtype", "float16"))
+    return KVStore(_kv_backend(catalog), catalog.settings().cache_format or "float16")
 
 
 def _kv_backend(
@@ -173,10 +183,10 @@ def _kv_backend(
     from turborag.store.urls import open_backend
 
     if bind and max_disk_bytes is not None:
-        catalog.set_meta(max_disk_bytes=str(max_disk_bytes))
-    cap = int(catalog.meta().get("max_disk_bytes", 0)) or None
-    recorded = catalog.meta().get("kv_url")
-    if kv_url and recorded != kv_url and (recorded or "model_fingerprint" in catalog.meta()):
+        catalog.record(max_disk_bytes=max_disk_bytes)
+    settings = catalog.settings()
+    cap, recorded = settings.max_disk_bytes or None, settings.kv_url
+    if kv_url and recorded != kv_url and (recorded or settings.bound):
         where = recorded or f"its own folder ({catalog.root / 'kv'})"
         fail(f"store {catalog.root} keeps its caches in {where}, not {kv_url}: use another --store for that")
     try:
@@ -184,5 +194,5 @@ def _kv_backend(
     except (StoreUnavailable, ValueError, ImportError) as e:
         fail(str(e))
     if bind and kv_url and not recorded:
-        catalog.set_meta(kv_url=kv_url)
+        catalog.record(kv_url=kv_url)
     return backend

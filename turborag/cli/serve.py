@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -14,15 +15,15 @@ from turborag.cli.common import (
     DeviceOpt,
     NameCheckOpt,
     StoreDtypeOpt,
+    answer_options,
     console,
     fail,
     parse_bytes,
-    set_abstain_threshold,
-    set_name_check,
 )
 from turborag.cli.loading import default_store, engine_for, load_engine, open_catalog
 from turborag.cli.remote import local_url, remove_server_file, write_server_file
 from turborag.core.defaults import DEFAULT_MAX_BATCH, DEFAULT_MODEL, DEFAULT_PREFILL_BUDGET
+from turborag.core.options import EngineOptions
 
 log = logging.getLogger("turborag.serve")
 
@@ -121,13 +122,10 @@ def serve(
         access = Access.from_file(keys.expanduser() if keys else None)
     except KeysError as e:
         fail(f"--keys: {e}")
-    backend = serve_backend(
-        store, model, device, max_tokens, dtype=dtype, ram_cache_bytes=ram, read_only=read_only
-    )
-    set_abstain_threshold(backend.engine, abstain_threshold)
-    set_name_check(backend.engine, name_check)
+    options = replace(answer_options(abstain_threshold, name_check), ram_cache_bytes=ram)
+    served = served_for(store, model, device, max_tokens, dtype=dtype, options=options, read_only=read_only)
     app = create_app(
-        backend,
+        served,
         api_key=api_key,
         max_queue=max_queue,
         max_batch=max_batch,
@@ -139,56 +137,63 @@ def serve(
         max_prompt_tokens=max_prompt_tokens,
         max_uploads_per_key=max_uploads_per_key,
     )
-    where = f"store {backend.documents.root}" if backend.documents else "no store (no retrieval)"
-    console.print(f"serving {backend.model_name} on http://{host}:{port}/v1 with {where}")
-    if (threshold := backend.engine.abstain_threshold) is not None:
-        console.print(f'note: answers "The passages do not say." when the model gives it p >= {threshold}')
-    if backend.engine.name_check:
-        console.print(
-            'note: answers "The passages do not say." when no passage mentions a name the question asks about'
-        )
-    if notice := backend.engine.auto_notice():
-        console.print(f"note: {notice} (requests that leave `turborag.mode` out get `auto`)")
-    if backend.documents is None:
+    _print_start(served, host, port)
+    if served.documents is None:
         run_app(app, host, port)
         return
     # `turborag ask` on this store finds the server through this file and asks it instead of loading a model.
     # uvicorn re-raises SIGTERM after its graceful shutdown; exiting through SystemExit lets `finally` run.
     # The file goes as soon as the signal comes (`on_exit`): a stopping server takes no new question.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    root = backend.documents.root
-    write_server_file(root, local_url(host, port), backend.model_name, bool(api_key or keys))
+    root = served.documents.root
+    write_server_file(root, local_url(host, port), served.model_name, bool(api_key or keys))
     try:
         run_app(app, host, port, on_exit=lambda: remove_server_file(root))
     finally:
         remove_server_file(root)
 
 
-def serve_backend(
+def _print_start(served, host: str, port: int) -> None:
+    """Where the server listens, what it serves, and how it answers by default."""
+    where = f"store {served.documents.root}" if served.documents else "no store (no retrieval)"
+    console.print(f"serving {served.model_name} on http://{host}:{port}/v1 with {where}")
+    if (threshold := served.engine.abstain_threshold) is not None:
+        console.print(f'note: answers "The passages do not say." when the model gives it p >= {threshold}')
+    if served.engine.name_check:
+        console.print(
+            'note: answers "The passages do not say." when no passage mentions a name the question asks about'
+        )
+    if notice := served.engine.auto_notice():
+        console.print(f"note: {notice} (requests that leave `turborag.mode` out get `auto`)")
+
+
+def served_for(
     store: Path | None,
     model: str | None,
     device: str,
     max_tokens: int,
     use_store: bool = True,
     dtype: str | None = None,
-    ram_cache_bytes: int = 0,
+    options: EngineOptions | None = None,
     read_only: bool = False,
 ):
-    """What the server serves: the store's engine with retrieval and documents, or a bare engine; with
-    `read_only`, a replica that only reads the catalog."""
-    from turborag.serve import Backend
-    from turborag.serve.store_backend import StoreBackend
+    """What the server serves: the store's engine with retrieval and documents, or a bare engine (no RAM
+    tier: it has no store); with `read_only`, a replica that only reads the catalog."""
+    options = options or EngineOptions()
+    from turborag.serve import Served
+    from turborag.serve.served_store import ServedStore
 
     root = store or default_store()
     if not use_store or (store is None and not (root / "catalog.sqlite").exists()):
-        engine = engine_for(model or DEFAULT_MODEL, device, None, "auto", dtype or "auto")
-        return Backend(engine, engine.lm.name, default_max_tokens=max_tokens)
+        bare = replace(options, ram_cache_bytes=0)
+        engine = engine_for(model or DEFAULT_MODEL, device, None, "auto", dtype or "auto", options=bare)
+        return Served(engine, engine.lm.name, default_max_tokens=max_tokens)
     catalog = open_catalog(root, create=False, read_only=read_only)
     # refuses another model or dtype
-    engine = load_engine(catalog, model, device, None, dtype=dtype, ram_cache_bytes=ram_cache_bytes)
+    engine = load_engine(catalog, model, device, None, dtype=dtype, options=options)
     catalog.close()
-    docs = StoreBackend(root, engine, read_only=read_only)
-    return Backend(
+    docs = ServedStore(root, engine, read_only=read_only)
+    return Served(
         engine,
         Path(engine.lm.name).name if "/" in engine.lm.name else engine.lm.name,
         retriever=docs,

@@ -36,9 +36,11 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+from turborag.core.options import TRAINING_FREE_DEFAULTS
+
 ATTENTION = "turborag_ape"
-DEFAULT_TEMPERATURE = 0.9
-DEFAULT_SCALE = 0.9
+DEFAULT_TEMPERATURE = TRAINING_FREE_DEFAULTS["ape_temperature"]
+DEFAULT_SCALE = TRAINING_FREE_DEFAULTS["ape_scale"]
 
 
 @dataclass(frozen=True)

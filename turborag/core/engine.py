@@ -19,10 +19,12 @@ and that time *is* included (and reported as `computed_chunks`).
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import logging
 import math
 import time
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -32,12 +34,13 @@ from turborag.core.defaults import MODES, UNTUNED_MODE
 from turborag.core.feeds import Feed
 from turborag.core.generate import DecodeState, SamplingParams, eos_ids
 from turborag.core.model import LoadedModel, layer_inv_freq, layer_windows
+from turborag.core.options import TRAINING_FREE_DEFAULTS, EngineOptions
 from turborag.core.prefix_cache import PrefixCache
 from turborag.core.prompt import ABSTAIN, Prompt, PromptLayout, answer_ids
 from turborag.store.chunk_kv import ChunkKV
 from turborag.store.errors import StoreUnavailable
-from turborag.store.kv_store import KVStore, Layers, cache_key
-from turborag.store.ram_tier import RamTier
+from turborag.store.kv_store import KVStore, cache_key
+from turborag.store.tiered import TieredStore
 
 log = logging.getLogger(__name__)
 
@@ -50,21 +53,6 @@ _POSITIONS = {
     "turbo-ape-epic": "reordered",
 }
 _RECOMPUTE = {"turbo-epic": "epic", "turbo-blend": "blend", "turbo-ape-epic": "epic"}
-
-
-TRAINING_FREE_DEFAULTS = {
-    "recompute_k": 16,
-    "recompute_ratio": 0.15,
-    "ape_temperature": ape.DEFAULT_TEMPERATURE,
-    "ape_scale": ape.DEFAULT_SCALE,
-}
-
-
-def check_training_free(recompute_k: int, recompute_ratio: float, temperature: float, scale: float) -> None:
-    if recompute_k < 0 or not 0 <= recompute_ratio <= 1:
-        raise ValueError("recompute_k must be >= 0 and recompute_ratio in [0, 1]")
-    if not temperature > 0 or not scale > 0:
-        raise ValueError("ape_temperature and ape_scale must be > 0")
 
 
 class PromptTooLong(ValueError):
@@ -123,43 +111,11 @@ def reply_logprob(logits: torch.Tensor, reply: list[int]) -> float:
 class Engine:
     """Holds the model, its prompt layout, the prefix cache and the chunk store."""
 
-    def __init__(
-        self,
-        lm: LoadedModel,
-        store: KVStore,
-        template: str = "auto",
-        batch_size: int = 4,
-        recompute_k: int | None = None,
-        recompute_ratio: float | None = None,
-        prefix_block: int = 64,
-        prefix_cache_tokens: int = 32768,
-        ram_cache_bytes: int = 0,
-        ape_temperature: float | None = None,
-        ape_scale: float | None = None,
-        prefill_chunk: int | None = None,
-    ):
-        if prefill_chunk is not None and prefill_chunk < 1:
-            raise ValueError("prefill_chunk must be at least 1")
-        # Tokens a prefill forward takes at most (begin_steps); None: the whole prompt in one forward, the
-        # fastest for a request alone (the server passes its own chunk, DEFAULT_PREFILL_CHUNK).
-        self.prefill_chunk = prefill_chunk
-        # The training-free modes' settings: as given, else as `turborag calibrate` chose for this model,
-        # else the defaults (recompute.py's, and the APE paper's).
-        chosen = (lm.calibration or {}).get("settings", {})
-        given = {
-            "recompute_k": recompute_k,
-            "recompute_ratio": recompute_ratio,
-            "ape_temperature": ape_temperature,
-            "ape_scale": ape_scale,
-        }
-        for name, value in given.items():
-            value = value if value is not None else chosen.get(name, TRAINING_FREE_DEFAULTS[name])
-            setattr(self, name, value)
-        check_training_free(self.recompute_k, self.recompute_ratio, self.ape_temperature, self.ape_scale)
+    def __init__(self, lm: LoadedModel, store: KVStore, options: EngineOptions | None = None):
+        options = options or EngineOptions()
         self.lm = lm
-        self.store = store
-        self.layout = PromptLayout(lm.tokenizer, template)
-        self.batch_size = batch_size
+        self.options = options
+        self.layout = PromptLayout(lm.tokenizer, options.template)
         self.inv_freq = torch.stack(layer_inv_freq(lm.model))  # (layers, head_dim/2) fp64
         self.windows = layer_windows(lm.model)  # per layer: sliding window, or None for global layers
         self.stop_ids = eos_ids(lm.tokenizer, lm.model)
@@ -167,18 +123,45 @@ class Engine:
         self.prefix_kv = kv.prefill_prefix(lm.model, self.prefix_ids)  # resident: shared by every request
         pad = lm.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else 0
-        # Abstain when the model gives the abstention reply at least this probability (None: only when
-        # greedy decoding picks it). Set from the fine-tune's record; `reply_logprob` explains why.
-        self.abstain_threshold = lm.abstain_threshold
-        # Decline, without asking the model, a question that names something no passage mentions.
-        self.name_check = lm.name_check
         reply = answer_ids(lm.tokenizer, ABSTAIN)  # as trained: " The passages do not say." + "\n"
         # less the newline, unless the tokenizer merged it into the last word (Llama 3 has ".\n")
         self.abstain_ids = reply[:-1] if not lm.tokenizer.decode(reply[-1:]).strip() else reply
         self.prefix_cache = PrefixCache(
-            block_size=prefix_block, max_tokens=prefix_cache_tokens, salt=lm.fingerprint
+            block_size=options.prefix_block, max_tokens=options.prefix_cache_tokens, salt=lm.fingerprint
         )
-        self.ram = RamTier(ram_cache_bytes)  # decoded chunk caches in the compute dtype (store/ram_tier.py)
+        # The chunk caches: a RAM tier of decoded layers in front of the store (store/tiered.py).
+        self.caches = TieredStore(store, options.ram_cache_bytes, lm.device, lm.dtype)
+        self._resolve(options)
+
+    def _resolve(self, options: EngineOptions) -> None:
+        """The answering settings: as `options` give them, else as the model records them (the fine-tune's
+        threshold and name check, `turborag calibrate`'s choice), else the defaults."""
+        self.batch_size = options.batch_size
+        # Tokens a prefill forward takes at most (begin_steps); None: the whole prompt in one forward, the
+        # fastest for a request alone (the server passes its own chunk, DEFAULT_PREFILL_CHUNK).
+        self.prefill_chunk = options.prefill_chunk
+        chosen = (self.lm.calibration or {}).get("settings", {})
+        for name, default in TRAINING_FREE_DEFAULTS.items():
+            given = getattr(options, name)
+            setattr(self, name, given if given is not None else chosen.get(name, default))
+        # Abstain when the model gives the abstention reply at least this probability (None: only when
+        # greedy decoding picks it). `reply_logprob` explains why.
+        given = options.abstain_threshold
+        self.abstain_threshold = self.lm.abstain_threshold if given is None else (given or None)
+        # Decline, without asking the model, a question that names something no passage mentions.
+        self.name_check = self.lm.name_check if options.name_check is None else options.name_check
+
+    def with_options(self, **changes) -> Engine:
+        """This engine answering with some options changed (a calibration's candidate, a benchmark's other
+        arm): the model, the caches and the prefix cache are shared, so it costs nothing to make. Only the
+        answering settings can change; the template, the RAM tier and the prefix cache are the engine's."""
+        fixed = {"template", "ram_cache_bytes", "prefix_block", "prefix_cache_tokens"} & set(changes)
+        if fixed:
+            raise ValueError(f"{', '.join(sorted(fixed))}: build another Engine for that")
+        other = copy.copy(self)
+        other.options = dataclasses.replace(self.options, **changes)
+        other._resolve(other.options)
+        return other
 
     # -- modes ---------------------------------------------------------------------------------------------
 
@@ -215,19 +198,36 @@ class Engine:
             "your own questions, `turborag finetune` would make plain turbo safe on it"
         )
 
+    @property
+    def store(self) -> KVStore:
+        """The persistent store under the RAM tier (files, Redis), as ingest and the cache commands use it."""
+        return self.caches.store
+
     # -- keys and precompute -------------------------------------------------------------------------
 
     def key(self, chunk_ids: list[int]) -> str:
-        return cache_key(self.lm.fingerprint, self.prefix_ids, chunk_ids, self.store.dtype)
+        return cache_key(self.lm.fingerprint, self.prefix_ids, chunk_ids, self.store.cache_format)
 
     def precompute(self, passages: Sequence[str], on_batch=None) -> tuple[int, int]:
-        """Compute and store the caches of passages not stored yet. Returns (chunks, tokens) computed."""
-        todo: dict[str, list[int]] = {}
-        for text in passages:
-            ids = self.layout.chunk_ids(text)
-            k = self.key(ids)
-            if k not in todo and k not in self.store:
-                todo[k] = ids
+        """Compute and store the caches of passages not stored yet. Returns (chunks, tokens) computed.
+        `on_batch(n_tokens)` after each forward batch (a progress bar's update)."""
+        chunks = {self.key(ids): ids for ids in map(self.layout.chunk_ids, passages)}
+        report = (lambda _n, tokens: on_batch(tokens)) if on_batch else None
+        return self.precompute_ids(chunks, report)
+
+    @property
+    def store_group(self) -> int:
+        """Chunks computed before they are stored: a crash loses at most this many (ingest commits its
+        documents as often)."""
+        return self.batch_size * 8
+
+    def precompute_ids(
+        self, chunks: dict[str, list[int]], on_batch: Callable[[int, int], None] | None = None
+    ) -> tuple[int, int]:
+        """`precompute` for chunks already tokenized and keyed ({key: chunk token ids}, as ingest has them):
+        computes and stores those not stored yet, `on_batch(n_chunks, n_tokens)` after each forward batch.
+        Returns (chunks, tokens) computed."""
+        todo = {k: ids for k, ids in chunks.items() if k not in self.store}
         self._compute_and_store(todo, on_batch)
         return len(todo), sum(len(v) for v in todo.values())
 
@@ -243,8 +243,8 @@ class Engine:
         keys = list(todo)
         out = {}
         unreachable = False
-        for s in range(0, len(keys), self.batch_size * 8):  # store as we go: a crash loses little
-            part = keys[s : s + self.batch_size * 8]
+        for s in range(0, len(keys), self.store_group):  # store as we go: a crash loses little
+            part = keys[s : s + self.store_group]
             caches = kv.precompute_chunks(
                 self.lm.model, self.prefix_kv, [todo[k] for k in part], self.batch_size, self.pad_id, on_batch
             )
@@ -257,13 +257,9 @@ class Engine:
                         raise
                     log.warning("%s; this answer uses the caches it computed without storing them", e)
                     unreachable = True
-                if keep or self.ram.max_bytes:
-                    stored = self.store.as_stored(c)
-                    if keep:
-                        out[k] = stored
-                    if self.ram.max_bytes:
-                        ready = stored.to(self.lm.device, self.lm.dtype)
-                        self.ram.put(k, {i: (ready.k[i], ready.v[i]) for i in range(ready.k.shape[0])})
+                stored = self.caches.hold(k, c, keep)
+                if keep:
+                    out[k] = stored
         return out
 
     # -- answering -----------------------------------------------------------------------------------
@@ -561,7 +557,7 @@ class Engine:
         wanted: dict[str, set[int]] = {}
         for k, layers in zip(keys, kv.needed_layers(lengths, len(prompt.prefix), windows)):
             wanted.setdefault(k, set()).update(layers)
-        loaded = self._load_chunks({k: sorted(layers) for k, layers in wanted.items()})
+        loaded = self.caches.read({k: sorted(layers) for k, layers in wanted.items()}, len(self.windows))
         missing = {k: ids for k, ids in zip(keys, prompt.chunks) if loaded[k] is None}
         if missing:
             loaded.update(self._compute_and_store(missing, keep=True))
@@ -574,25 +570,6 @@ class Engine:
             recomputed = self._recompute(cache, prompt, positions, _RECOMPUTE[mode])
         cached = len(prompt.prefix) + prompt.context_tokens - recomputed
         return cache, next_pos, cached, len(missing)
-
-    def _load_chunks(self, wanted: dict[str, list[int]]) -> dict[str, Layers | None]:
-        """Per chunk key, (k, v) for the layers wanted (None for the others): from the RAM tier, else read
-        from the store in one round trip and kept in the RAM tier in the compute dtype; None if not stored."""
-        n_layers = len(self.windows)
-        out: dict[str, Layers | None] = {}
-        for key, layers in wanted.items():
-            held = self.ram.get(key, layers)
-            if held is not None:
-                out[key] = [held.get(i) for i in range(n_layers)]
-        read = self.store.get_many_layers({k: v for k, v in wanted.items() if k not in out})
-        dev, dtype = self.lm.device, self.lm.dtype
-        for key, layers in read.items():
-            if layers is not None and self.ram.max_bytes:
-                ready = {i: (p[0].to(dev, dtype), p[1].to(dev, dtype)) for i, p in enumerate(layers) if p}
-                self.ram.put(key, ready)
-                layers = [ready.get(i) for i in range(n_layers)]
-            out[key] = layers
-        return out
 
     def prefill_question(self, cache, prompt: Prompt, next_pos: int, scored: bool = False) -> torch.Tensor:
         """Run the question on top of an assembled context; returns the last position's logits (vocab,).

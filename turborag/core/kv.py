@@ -86,8 +86,8 @@ def precompute_chunks(
     """K/V of each chunk computed behind the prefix at positions [p, p + n_i); returns them in input order.
 
     Chunks of similar length are batched together (sorted by length) and right-padded: under a causal mask,
-    padding after a chunk never changes the chunk's own K/V. `on_batch(n_tokens)` is called after each batch
-    (progress bars).
+    padding after a chunk never changes the chunk's own K/V. `on_batch(n_chunks, n_tokens)` is called after
+    each batch (progress bars).
     """
     dev = next(model.parameters()).device
     p = prefix.tokens
@@ -110,7 +110,7 @@ def precompute_chunks(
             for row, i in enumerate(idx):
                 out[i] = _stack(layers, p, p + len(chunks[i]), b=row)
         if on_batch is not None:
-            on_batch(sum(len(chunks[i]) for i in idx))
+            on_batch(len(idx), sum(len(chunks[i]) for i in idx))
     return out  # type: ignore[return-value]
 
 

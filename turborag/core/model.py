@@ -126,7 +126,7 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def cache_dtype_for(dtype: torch.dtype) -> str:
+def cache_format_for(dtype: torch.dtype) -> str:
     """The dtype a store keeps caches in: the compute dtype when it is 16-bit (so nothing is cast on the hot
     path), fp16 when computing in fp32 (half the bytes, error far below fp32's own differences)."""
     return dtype_name(dtype) if dtype in (torch.bfloat16, torch.float16) else "float16"

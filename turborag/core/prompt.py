@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 MEMO_PASSAGES = 8192  # passages whose token ids are remembered (a few MB)
 # Asks for a sentence and names the reply for a question the passages do not answer, the two behaviours the
-# shipped fine-tune is trained on (train/mix.py); an untuned model gets the same instruction.
+# shipped fine-tune is trained on (turborag_research/mix.py); an untuned model gets the same instruction.
 ABSTAIN = "The passages do not say."
 INSTRUCTION = (
     f"Answer the question in one sentence, using only the passages below. "

@@ -14,7 +14,6 @@ mode chosen on RGB would make RGB's numbers measure the choice, not the model.
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import hashlib
 import json
@@ -23,8 +22,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from turborag.core.engine import TRAINING_FREE_DEFAULTS, Engine
+from turborag.core.engine import Engine
 from turborag.core.model import CALIBRATION_FILE
+from turborag.core.options import TRAINING_FREE_DEFAULTS
 from turborag.eval.evaluate import Example, ModeResult, run_eval
 
 WITHIN = 0.03  # `auto` says so when its mode stays more than this below full
@@ -82,8 +82,7 @@ def calibrate(
     measured: list[tuple[Candidate, ModeResult]] = []
     for c in candidates:
         say(f"{c.label}: {len(examples)} questions")
-        with _settings(engine, c.settings):
-            got = run_eval(engine, examples, [c.mode], max_new_tokens, progress=progress)
+        got = run_eval(candidate(engine, c.settings), examples, [c.mode], max_new_tokens, progress=progress)
         measured.append((c, got[c.mode]))
     best, result = max(measured, key=lambda cr: cr[1].accuracy)  # max keeps the first of equals
     turbo = next((r for c, r in measured if c.mode == "turbo" and not c.settings), None)
@@ -107,20 +106,12 @@ def calibrate(
     }
 
 
-@contextlib.contextmanager
-def _settings(engine: Engine, settings: dict):
-    """Set some of the engine's training-free settings for one candidate, then put them back."""
+def candidate(engine: Engine, settings: dict) -> Engine:
+    """The engine with one candidate's training-free settings (sharing its model and caches)."""
     unknown = sorted(set(settings) - set(TRAINING_FREE_DEFAULTS))
     if unknown:
         raise ValueError(f"unknown setting {unknown[0]!r}: use {', '.join(TRAINING_FREE_DEFAULTS)}")
-    saved = {k: getattr(engine, k) for k in settings}
-    try:
-        for k, v in settings.items():
-            setattr(engine, k, v)
-        yield
-    finally:
-        for k, v in saved.items():
-            setattr(engine, k, v)
+    return engine.with_options(**settings)
 
 
 def file_sha256(path: Path) -> str:

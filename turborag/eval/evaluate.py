@@ -166,7 +166,8 @@ def run_eval(
                     record["answerable"] = False
                 if a.abstain_logprob is not None:  # scored for the abstention threshold
                     record["abstain_logprob"] = a.abstain_logprob
-                # what the name check finds, whether or not the engine applied it (scripts/threshold_table.py)
+                # what the name check finds, whether or not the engine applied it (the experiment
+                # turborag_research/experiments/threshold_table.py reads it)
                 if missing := grounding.missing_names(ex.question, ex.contexts):
                     record["missing_names"] = missing
                 predictions.append(record)

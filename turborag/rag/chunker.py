@@ -13,7 +13,7 @@ How a text is cut:
 
 A chunk's text is a slice of the document (original whitespace kept); its id is `doc_id#ordinal:hash12`,
 stable for the same text and parameters. The defaults (256 tokens, 32 overlap) were measured
-(`scripts/measure_chunking.py`, README "Chunk size").
+(`turborag_research/experiments/measure_chunking.py`, README "Chunk size").
 """
 
 from __future__ import annotations
@@ -49,6 +49,16 @@ class _Span:
     end: int
     tokens: int
     strength: int  # of the boundary after this span
+
+
+def chunking(recorded_size: int | None, recorded_overlap: int | None, size: int | None = None,
+             overlap: int | None = None) -> tuple[int, int]:  # fmt: skip
+    """(size, overlap) of a store's chunks: as asked, else as the store recorded, else the defaults (an
+    overlap of at most half the size)."""
+    size = size or recorded_size or DEFAULT_CHUNK_TOKENS
+    if overlap is None:
+        overlap = recorded_overlap if recorded_overlap is not None else min(DEFAULT_OVERLAP, size // 2)
+    return size, overlap
 
 
 def check_params(size: int, overlap: int) -> None:

@@ -110,7 +110,11 @@ class _Pending:
     doc: loaders.Document
     chunks: list[Chunk]
     keys: list[str]  # cache key of each chunk
-    sizes: list[int]  # tokens of each chunk as the prompt holds it ("Passage: ...")
+    ids: list[list[int]]  # token ids of each chunk as the prompt holds it ("Passage: ..."), as keyed
+
+    @property
+    def sizes(self) -> list[int]:
+        return [len(i) for i in self.ids]
 
 
 class Progress:
@@ -164,7 +168,7 @@ class Ingestor:
         self.catalog = catalog
         self.embedder = embedder
         self.chunker = chunker
-        self.group = group or engine.batch_size * 8  # = one store group of Engine.precompute
+        self.group = group or engine.store_group  # commit as often as the engine stores
         self.progress = progress or Progress()
         self._todo: dict[str, int] = {}  # cache key -> tokens: the caches this run computes
 
@@ -226,9 +230,7 @@ class Ingestor:
                     continue
                 chunks = self.chunker.chunk(doc.doc_id, doc.text)
                 ids = [self.engine.layout.chunk_ids(c.text) for c in chunks]
-                pending.append(
-                    _Pending(doc, chunks, [self.engine.key(i) for i in ids], [len(i) for i in ids])
-                )
+                pending.append(_Pending(doc, chunks, [self.engine.key(i) for i in ids], ids))
         res.unchanged_documents = len(unchanged_docs)
         res.documents = len(unchanged_docs) + len(pending)
         repairs: list[str] = []  # keys of unchanged chunks whose cache file is missing
@@ -245,32 +247,34 @@ class Ingestor:
         store = self.engine.store
         keys = {k for p in pending for k in p.keys}
         res.new_to_collection = len(keys - self.catalog.referenced_keys(keys))  # before any commit
-        repair_items = self._repair_items(repairs) if repairs else []
+        repair = self.catalog.texts_of_keys(repairs) if repairs else {}  # key -> text of a chunk using it
+        repair_ids = {k: self.engine.layout.chunk_ids(t) for k, t in repair.items()}
         todo = {k: n for p in pending for k, n in zip(p.keys, p.sizes) if k not in store}
-        todo.update((k, n) for k, _, n in repair_items)
+        todo.update((k, len(ids)) for k, ids in repair_ids.items())
         self._todo = todo
         self.progress.start(len(todo), sum(todo.values()))
         if self.remote is not None:
             items = [(k, c.text, n) for p in pending for c, k, n in zip(p.chunks, p.keys, p.sizes)]
-            if items or repair_items:
-                got = self.remote(items + repair_items)  # caches stored, vectors back: the commits skip both
+            items += [(k, t, len(repair_ids[k])) for k, t in repair.items()]
+            if items:
+                got = self.remote(items)  # caches stored, vectors back: the commits skip both
                 self._vectors.update(got.vectors)
                 res.computed_chunks += got.computed
                 res.tokens += got.computed_tokens
                 res.cache_bytes += sum(got.bytes[k] for k in todo if k in got.bytes)
                 self.progress.advance(len(todo), sum(todo.values()))
 
-        if repair_items:
+        if repair_ids:
             # Only missing files show here: a damaged one is removed once `cache verify` or a read finds it.
-            n = len(repair_items)
+            n = len(repair_ids)
             log.warning(
                 "1 chunk cache was missing; recomputing it"
                 if n == 1
                 else f"{n} chunk caches were missing; recomputing them"
             )
-            self._precompute(repair_items, res)
-            res.repaired_caches = len(repair_items)
-            for k, _, _ in repair_items:
+            self._precompute(repair_ids, res)
+            res.repaired_caches = n
+            for k in repair_ids:
                 self.catalog.set_cache_bytes(k, store.size(k) or 0)
 
         group: list[_Pending] = []
@@ -282,37 +286,18 @@ class Ingestor:
         if group:
             self._commit_group(group, res)
 
-    def _repair_items(self, keys: list[str]) -> list[tuple[str, str, int]]:
-        q = "SELECT text FROM chunks WHERE cache_key = ?"
-        out = []
-        for k in keys:
-            row = self.catalog.db.execute(q, (k,)).fetchone()
-            if row:
-                out.append((k, row[0], len(self.engine.layout.chunk_ids(row[0]))))
-        return out
-
-    def _precompute(self, items: list[tuple[str, str, int]], res: IngestResult) -> None:
-        """Compute the caches of (key, text, tokens) items not on disk yet, reporting progress per batch."""
-        store, bs = self.engine.store, self.engine.batch_size
-        todo = list({k: t for k, t, _ in items if k not in store}.items())
-        # Engine.precompute stores every `bs * 8` chunks and runs them by length, `bs` at a time: call it with
-        # one such group at a time, so that each on_batch call stands for min(bs, chunks left) chunks.
-        for s in range(0, len(todo), bs * 8):
-            part = todo[s : s + bs * 8]
-            left = [len(part)]
-
-            def on_batch(n_tokens: int, left=left) -> None:
-                n = min(bs, left[0])
-                left[0] -= n
-                self.progress.advance(n, n_tokens)
-
-            chunks, tokens = self.engine.precompute([t for _, t in part], on_batch=on_batch)
-            res.computed_chunks += chunks
-            res.tokens += tokens
-            res.cache_bytes += sum(store.size(k) or 0 for k, _ in part)
+    def _precompute(self, chunks: dict[str, list[int]], res: IngestResult) -> None:
+        """Compute the caches of {key: token ids} not stored yet (the keys and ids this ingest made: nothing
+        is tokenized twice), reporting progress per forward batch."""
+        store = self.engine.store
+        todo = {k: ids for k, ids in chunks.items() if k not in store}
+        computed, tokens = self.engine.precompute_ids(todo, on_batch=self.progress.advance)
+        res.computed_chunks += computed
+        res.tokens += tokens
+        res.cache_bytes += sum(store.size(k) or 0 for k in todo)
 
     def _commit_group(self, group: list[_Pending], res: IngestResult) -> None:
-        self._precompute([(k, c.text, n) for p in group for c, k, n in zip(p.chunks, p.keys, p.sizes)], res)
+        self._precompute({k: ids for p in group for k, ids in zip(p.keys, p.ids)}, res)
         unique = list(dict.fromkeys(c.text for p in group for c in p.chunks))  # a repeated text: embed once
         todo = [t for t in unique if t not in self._vectors]  # all of them, unless a remote run embedded them
         vectors = {**self._vectors, **dict(zip(todo, self.embedder.encode(todo)))} if todo else self._vectors

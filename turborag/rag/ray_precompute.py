@@ -39,7 +39,7 @@ class WorkerSpec:
     dtype: str  # compute dtype name, e.g. "bfloat16"
     template: str
     store_url: str  # redis://..., redis+cluster://..., or a store folder (file store)
-    store_dtype: str  # cache format of the store
+    cache_format: str  # of the store (store/codec.py)
     fingerprint: str  # the driver's model fingerprint: an actor with another model refuses to run
     max_disk_bytes: int | None = None
     batch_size: int = 4  # chunks per forward inside an actor
@@ -51,6 +51,7 @@ class CacheActor:
     def __init__(self, spec: WorkerSpec):
         from turborag.core.engine import Engine
         from turborag.core.model import load_model, resolve_device, resolve_dtype
+        from turborag.core.options import EngineOptions
         from turborag.rag.embed import Embedder
         from turborag.store.kv_store import KVStore
         from turborag.store.urls import open_backend
@@ -61,8 +62,8 @@ class CacheActor:
                 f"worker loaded {spec.model} with fingerprint {lm.fingerprint[:12]}, the store is bound to "
                 f"{spec.fingerprint[:12]}: the workers need the same model files and library versions"
             )
-        store = KVStore(open_backend(spec.store_url, max_disk_bytes=spec.max_disk_bytes), spec.store_dtype)
-        self.engine = Engine(lm, store, spec.template, batch_size=spec.batch_size)
+        store = KVStore(open_backend(spec.store_url, max_disk_bytes=spec.max_disk_bytes), spec.cache_format)
+        self.engine = Engine(lm, store, EngineOptions(template=spec.template, batch_size=spec.batch_size))
         self.embedder = Embedder()
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -1,11 +1,11 @@
 """The OpenAI-compatible HTTP server over the engine; `create_app` builds it (see app.py).
 
-`create_app` and `Backend` are imported on first use (PEP 562), so that a light module of this package
+`create_app` and `Served` are imported on first use (PEP 562), so that a light module of this package
 (`access`, for `turborag keys`) can be imported without FastAPI and torch."""
 
 from __future__ import annotations
 
-__all__ = ["Backend", "create_app"]
+__all__ = ["Served", "create_app"]
 
 
 def __getattr__(name: str):
@@ -13,8 +13,8 @@ def __getattr__(name: str):
         from turborag.serve.app import create_app
 
         return create_app
-    if name == "Backend":
-        from turborag.serve.state import Backend
+    if name == "Served":
+        from turborag.serve.state import Served
 
-        return Backend
+        return Served
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

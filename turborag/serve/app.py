@@ -52,13 +52,13 @@ from turborag.serve.state import (
     DEFAULT_MAX_PROMPT_TOKENS,
     DEFAULT_MAX_QUESTION_TOKENS,
     DEFAULT_MAX_UPLOADS_PER_KEY,
-    Backend,
+    Served,
     ServerState,
 )
 
 
 def create_app(
-    backend: Backend,
+    served: Served,
     api_key: str | None = None,
     max_queue: int = 64,
     max_body_bytes: int = MAX_BODY_BYTES,
@@ -72,7 +72,7 @@ def create_app(
     max_uploads_per_key: int = DEFAULT_MAX_UPLOADS_PER_KEY,
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
 ) -> FastAPI:
-    """An app serving `backend`; it starts its own model worker thread, which decodes up to `max_batch`
+    """An app serving `served`; it starts its own model worker thread, which decodes up to `max_batch`
     requests together and prefills at most about `prefill_budget` tokens between two decode steps.
     `access` holds the scoped keys (`--keys`), `api_key` one more key allowed everything; with neither the
     API is open. `metrics_key` guards `/metrics`. `hosts` are the Host headers answered (`turborag serve`
@@ -83,7 +83,7 @@ def create_app(
     of at most `prefill_chunk` tokens, between decode steps."""
     app = FastAPI(title="turborag", docs_url=None, redoc_url=None)
     state = ServerState(
-        backend,
+        served,
         api_key,
         max_queue,
         max_body_bytes,
@@ -98,7 +98,7 @@ def create_app(
     )
     app.state.server = state
     # the same objects under their own names, for tests and benchmarks that watch (or patch) the worker
-    app.state.worker, app.state.metrics, app.state.backend = state.worker, state.metrics, backend
+    app.state.worker, app.state.metrics, app.state.served = state.worker, state.metrics, served
     # Middleware added last runs first: the security headers wrap everything, the guard's own errors
     # included; the Host and Origin checks run inside the guard, so their refusals are counted in /metrics.
     app.add_middleware(OriginChecks, hosts=hosts)
@@ -150,4 +150,4 @@ def run_app(app: FastAPI, host: str, port: int, on_exit: Callable[[], None] | No
         sys.exit(3)
 
 
-__all__ = ["Backend", "create_app", "run_app"]
+__all__ = ["Served", "create_app", "run_app"]

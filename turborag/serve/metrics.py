@@ -69,9 +69,10 @@ class Metrics:
         self.queue_depth.set(worker.depth)
         self.batch_size.set(worker.running)
         self.decode_rate.set(worker.tokens_per_s if worker.running else 0.0)
-        self.store_hits.set(engine.store.hits)
-        self.store_misses.set(engine.store.misses)
+        tiers = engine.caches.stats()
+        self.store_hits.set(tiers["store"]["hits"])
+        self.store_misses.set(tiers["store"]["misses"])
         self.prefix_hits.set(engine.prefix_cache.hits)
-        for stat, value in vars(engine.ram.stats).items():
+        for stat, value in tiers["ram"].items():
             self.ram_tier.labels(stat).set(value)
         return generate_latest(self.registry).decode()

@@ -18,9 +18,9 @@ router = APIRouter()
 async def health(state: StateDep):
     return {
         "status": "ok",
-        "model": state.backend.model_name,
+        "model": state.served.model_name,
         "queue_depth": state.worker.depth,
-        "documents": state.backend.documents is not None,
+        "documents": state.served.documents is not None,
     }
 
 

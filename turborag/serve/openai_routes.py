@@ -41,7 +41,7 @@ async def chat(request: Request, state: StateDep):
     users = [m for m in req.messages if m.role == "user"]
     if not users or not users[-1].text().strip():
         raise APIError(400, "messages need a non-empty user message", param="messages")
-    if opts.contexts is not None or (opts.retrieve and state.backend.retriever is not None):
+    if opts.contexts is not None or (opts.retrieve and state.served.retriever is not None):
         if opts.contexts is None:  # retrieval reads the collection: the key must be allowed to
             state.may_read(request, opts.collection)
         else:
@@ -52,7 +52,7 @@ async def chat(request: Request, state: StateDep):
         return await answer_from_passages(state, req, question, params, request)
     state.may_use_model(request)
     engine = state.engine
-    params = req.params(state.backend.default_max_tokens)
+    params = req.params(state.served.default_max_tokens)
     chars = sum(len(m.text()) for m in req.messages)
     ids = await bounded_ids(state.prompt_limit("messages"), chars, lambda: render_chat(engine, req.messages))
     return await answer_prompt(state, request, req, "chat", ids, params)
@@ -62,7 +62,7 @@ def rag_params(state: ServerState, req: ChatRequest) -> SamplingParams:
     """A RAG answer's sampling: a base model (plain template) stops at the end of its line unless the client
     chose stop strings."""
     plain = state.engine.layout.template == "plain"
-    return req.params(state.backend.default_max_tokens, newline_stop=plain and not req.stop)
+    return req.params(state.served.default_max_tokens, newline_stop=plain and not req.stop)
 
 
 async def check_question(
@@ -126,7 +126,7 @@ async def answer_from_passages(
     state: ServerState, req: ChatRequest, question: str, params: SamplingParams, request: Request
 ):
     """The RAG answer: the request's own passages, or the top-k retrieved ones that fit the context."""
-    engine, backend, opts = state.engine, state.backend, req.turborag
+    engine, served, opts = state.engine, state.served, req.turborag
     contexts = [c for c in opts.contexts or [] if c.strip()]
     if opts.contexts is not None and not contexts:
         raise APIError(400, "turborag.contexts must hold non-empty passages", param="turborag.contexts")
@@ -135,17 +135,21 @@ async def answer_from_passages(
     # a generator: the worker runs it one prefill forward at a time (Engine.begin_steps), the question's
     # forward together with those of other requests (defer: the worker runs the forwards)
     def begin():
-        passages = contexts
-        if opts.contexts is None:
-            from turborag.rag.retrieve import fit_passages  # a server without a store never loads it
-
-            hits = backend.retriever.search(question, opts.top_k, opts.collection)
-            hits, _dropped = fit_passages(engine, question, hits, params.max_new_tokens)
-            passages = [h.text for h in hits]
-            # with each chunk's text, so that a client (the web page) can show what the answer read
-            chunk_refs.extend({**backend.retriever.chunk_ref(h), "text": h.text} for h in hits)
         chunk = state.prefill_chunk
-        return (yield from engine.begin_steps(question, passages, opts.mode, params, chunk, defer=True))
+        if opts.contexts is not None:
+            return (yield from engine.begin_steps(question, contexts, opts.mode, params, chunk, defer=True))
+        from turborag.rag import answer  # a server without a store never loads retrieval
+
+        def search(q: str, k: int):
+            return served.retriever.search(q, k, opts.collection)
+
+        def named(found) -> None:  # with each chunk's text, so that a client (the page) can show what it read
+            chunk_refs.extend({**served.retriever.chunk_ref(h), "text": h.text} for h in found.passages)
+
+        steps = answer.begin_steps(
+            engine, search, question, opts.mode, params, opts.top_k, named, chunk, True
+        )
+        return (yield from steps)
 
     started = await state.start(begin=begin, request=request)
     extra = {"chunks": chunk_refs}  # filled before the first token
@@ -162,7 +166,7 @@ async def completions(request: Request, state: StateDep):
         raise APIError(400, "prompt must not be empty", param="prompt")
     state.may_use_model(request)
     engine = state.engine
-    params = req.params(state.backend.default_max_tokens)
+    params = req.params(state.served.default_max_tokens)
     limit = state.prompt_limit("prompt")
     ids = await bounded_ids(
         limit, len(req.prompt), lambda: _bos(engine) + encode(engine.lm.tokenizer, req.prompt)
@@ -172,7 +176,7 @@ async def completions(request: Request, state: StateDep):
 
 @router.get("/v1/models")
 async def models(state: StateDep):
-    model = {"id": state.backend.model_name, "object": "model", "created": 0, "owned_by": "turborag"}
+    model = {"id": state.served.model_name, "object": "model", "created": 0, "owned_by": "turborag"}
     return {"object": "list", "data": [model]}
 
 

@@ -69,7 +69,7 @@ async def initial_documents(request: Request) -> str | None:
     """The page's document list as HTML, or None to leave the loading line: no store (app.js says so), a
     key needed to read it (the page is served without one), or a worker too busy to answer at once."""
     state = request.app.state.server
-    docs = state.backend.documents
+    docs = state.served.documents
     if docs is None:
         return ""
     if not state.principal(request).can_read(COLLECTION):

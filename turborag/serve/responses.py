@@ -97,7 +97,7 @@ async def respond(
     """The response to a started generation job: `kind` is "chat" or "text"; `extra` is read only once the
     answer is done, so a route may fill it from the worker before the first token. With `request`, a
     non-streamed answer whose client leaves is cancelled (a stream already is: Starlette cancels it)."""
-    shape = Shape(kind, state.backend.model_name)
+    shape = Shape(kind, state.served.model_name)
     if not req.stream:
         return await whole_response(state, started, shape, extra, request)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)

@@ -1,4 +1,4 @@
-"""What the routes of one app share: the backend served, the model worker, metrics, the key and limits.
+"""What the routes of one app share: what is served, the model worker, metrics, the key and limits.
 
 One `ServerState` per app, kept on `app.state.server`; routes receive it through the `StateDep` dependency
 instead of closing over locals of `create_app`, so each route lives in the module of its concern.
@@ -43,13 +43,13 @@ CHARS_PER_TOKEN = 8
 
 
 @dataclass
-class Backend:
+class Served:
     """What the server serves: an engine, and optionally a store with retrieval and document management."""
 
     engine: Engine
     model_name: str
-    retriever: Any = None  # has .search(question, k) -> hits; a turborag.serve.store_backend.StoreBackend
-    documents: Any = None  # has .add/.list/.delete; a turborag.serve.store_backend.StoreBackend
+    retriever: Any = None  # has .search(question, k) -> hits; a turborag.serve.served_store.ServedStore
+    documents: Any = None  # has .add/.list/.delete; a turborag.serve.served_store.ServedStore
     default_max_tokens: int = 64
     extras: dict = field(default_factory=dict)
 
@@ -139,7 +139,7 @@ def shutting_down(e: ShuttingDown) -> APIError:
 class ServerState:
     def __init__(
         self,
-        backend: Backend,
+        served: Served,
         api_key: str | None,
         max_queue: int,
         max_body_bytes: int,
@@ -161,7 +161,7 @@ class ServerState:
         # never takes an iteration past it
         self.prefill_chunk = min(prefill_chunk, prefill_budget)
         self._uploads: dict[str, int] = {}
-        engine = backend.engine
+        engine = served.engine
         together = None
         if max_batch > 1:
             batch = DecodeBatch(engine.lm.model, engine.windows)
@@ -172,8 +172,8 @@ class ServerState:
             step, on_idle = functools.partial(step_alone, step_one=engine.step), None
         self.worker = ModelWorker(max_queue, step, max_batch, prefill_budget, on_idle, together)
         self.metrics = Metrics()
-        self.backend = backend
-        self.engine = backend.engine
+        self.served = served
+        self.engine = served.engine
         # `--api-key` is one more key, allowed everything; without any key the API is open
         self.access = (access or Access()).with_key(api_key)
         self.metrics_key = metrics_key
@@ -182,7 +182,7 @@ class ServerState:
         # of thousands of tokens held the model (and every other request) for a minute.
         self.max_question_tokens = max_question_tokens
         self.max_prompt_tokens = max_prompt_tokens
-        root = getattr(backend.documents, "root", None)
+        root = getattr(served.documents, "root", None)
         # the store's location as a server path, in every spelling a message could carry it
         self._paths = sorted({str(root), str(Path(root).resolve())}, key=len, reverse=True) if root else []
 
@@ -194,10 +194,10 @@ class ServerState:
 
     def check_model(self, name: str) -> None:
         """Accept the served model's name, or "turborag" for a client that does not know it."""
-        if name not in (self.backend.model_name, "turborag"):
+        if name not in (self.served.model_name, "turborag"):
             raise APIError(
                 404,
-                f"model {name!r} not found; this server serves {self.backend.model_name!r}, "
+                f"model {name!r} not found; this server serves {self.served.model_name!r}, "
                 "also accepted as 'turborag'",
                 code="model_not_found",
                 param="model",
@@ -257,7 +257,7 @@ class ServerState:
     def may_write(self, request: Request, collection: str) -> None:
         """403 unless the request's key may write `collection` (upload, delete, create, drop) and this server
         is not a read-only replica."""
-        if getattr(self.backend.documents, "read_only", False):
+        if getattr(self.served.documents, "read_only", False):
             raise APIError(
                 403,
                 "this server is a read-only replica (serve --read-only): add and remove documents through "
@@ -271,9 +271,9 @@ class ServerState:
 
     def documents(self) -> Any:
         """The document store, or a 404 on a server started without one."""
-        if self.backend.documents is None:
+        if self.served.documents is None:
             raise APIError(404, "this server has no document store (start it with --store)", code="no_store")
-        return self.backend.documents
+        return self.served.documents
 
     def update_queue_depth(self) -> None:
         self.metrics.queue_depth.set(self.worker.depth)

@@ -32,6 +32,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from turborag.store.settings import StoreSettings
+
 CATALOG = "catalog.sqlite"
 STORE_FORMAT = "turborag-store"
 SCHEMA_VERSION = "2"
@@ -155,32 +157,43 @@ class Catalog:
         self.path = self.root / CATALOG
         # Set when this Catalog creates the store, so that `discard` can take back exactly what it made.
         self._created: tuple[Path | None, set[str]] | None = None
+        self._prepare_root(create)
+        self.db = self._connect(create, read_only)
+        self.collection = DEFAULT_COLLECTION
+        self._collection_id: int | None = None
+        self._check_format()
+
+    def _prepare_root(self, create: bool) -> None:
+        """The store's folder: made when `create` (remembering what was there, for `discard`); a missing
+        store, a file, or a folder of something else is a StoreError that says what to do."""
         if self.root.exists() and not self.root.is_dir():
             raise StoreError(f"--store {self.root} is a file, not a store directory")
-        if not self.path.is_file():
-            if not create:
-                if self.root.exists() and any(self.root.iterdir()):
-                    raise StoreError(f"{self.root} is not a turborag store (it has no {CATALOG})")
-                raise StoreError(
-                    f"no store at {self.root}: run `turborag ingest PATH --store {self.root}` first"
-                )
-            if self.root.exists() and not _legacy_or_empty(self.root):
-                raise StoreError(
-                    f"{self.root} is not a turborag store (no {CATALOG}) and is not empty: "
-                    "pass a new or empty folder to --store"
-                )
-            before = set(os.listdir(self.root)) if self.root.exists() else set()
-            self._created = (_outermost_missing(self.root), before)
-            self.root.mkdir(parents=True, exist_ok=True)
+        if self.path.is_file():
+            return
+        if not create:
+            if self.root.exists() and any(self.root.iterdir()):
+                raise StoreError(f"{self.root} is not a turborag store (it has no {CATALOG})")
+            raise StoreError(f"no store at {self.root}: run `turborag ingest PATH --store {self.root}` first")
+        if self.root.exists() and not _legacy_or_empty(self.root):
+            raise StoreError(
+                f"{self.root} is not a turborag store (no {CATALOG}) and is not empty: "
+                "pass a new or empty folder to --store"
+            )
+        before = set(os.listdir(self.root)) if self.root.exists() else set()
+        self._created = (_outermost_missing(self.root), before)
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def _connect(self, create: bool, read_only: bool) -> sqlite3.Connection:
+        """The SQLite connection (explicit transactions), the schema made when `create`, a version-1 store
+        migrated; StoreError for a file that is not a catalog."""
         try:
             if read_only:
                 uri = f"{self.path.resolve().as_uri()}?mode=ro"
-                self.db = sqlite3.connect(uri, uri=True, timeout=30, isolation_level=None)
+                db = sqlite3.connect(uri, uri=True, timeout=30, isolation_level=None)
             else:
-                self.db = sqlite3.connect(
-                    self.path, timeout=30, isolation_level=None
-                )  # explicit transactions
-            tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+                db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            self.db = db
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
             old = self.meta() if "meta" in tables and "collections" not in tables else {}
             if old.get("format") == STORE_FORMAT and old.get("schema") == "1":
                 try:
@@ -190,20 +203,22 @@ class Catalog:
                         f"store {self.root} predates collections and must be upgraded once, which needs "
                         f"write access ({e}): run any turborag command on it as a user who can write it"
                     ) from e
-            self.db.execute("PRAGMA foreign_keys = ON")
+            db.execute("PRAGMA foreign_keys = ON")
             if create:
-                self.db.executescript(_SCHEMA)
-                self.db.execute(
+                db.executescript(_SCHEMA)
+                db.execute(
                     "INSERT OR IGNORE INTO collections(name, created) VALUES (?, ?)",
                     (DEFAULT_COLLECTION, time.time()),
                 )
-            tables = {r[0] for r in self.db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         except sqlite3.DatabaseError as e:
             raise StoreError(f"{self.path} is not a turborag catalog ({e})") from e
         if "meta" not in tables:
             raise StoreError(f"{self.path} is not a turborag catalog (no meta table)")
-        self.collection = DEFAULT_COLLECTION
-        self._collection_id: int | None = None
+        return db
+
+    def _check_format(self) -> None:
+        """A new catalog gets the current format; another format version is refused (ingest anew)."""
         # kv_store imports torch: here, not at the top, so that a missing store is one quick error line
         from turborag.store import kv_store
 
@@ -374,32 +389,39 @@ class Catalog:
     def generation(self) -> int:
         return int(self.meta().get("generation", "0"))
 
-    def bind(self, model: str, fingerprint: str, **settings) -> None:
+    def settings(self) -> StoreSettings:
+        """What the store is bound to (store/settings.py), typed."""
+        return StoreSettings.from_meta(self.meta())
+
+    def record(self, **values) -> None:
+        """Record settings that come after the first bind (the disk cap, where the caches live), by their
+        StoreSettings names, checked as those are."""
+        self.set_meta(**StoreSettings(**values).as_meta())
+
+    def bind(self, settings: StoreSettings) -> None:
         """Record the store's model and settings on first use; later, refuse a different model or settings."""
-        if "model_fingerprint" not in self.meta():
-            self.set_meta(model=model, model_fingerprint=fingerprint, **settings)
-        self.check(model, fingerprint, **settings)
+        if not self.settings().bound:
+            self.set_meta(**settings.as_meta())
+        self.check(settings)
 
-    def check(self, model: str, fingerprint: str, **settings) -> None:
-        """StoreError unless this store was built with these settings and this model (by fingerprint)."""
-        self.check_settings(**settings)  # first: a setting like the dtype also changes the fingerprint
-        meta = self.meta()
-        if meta.get("model_fingerprint") != fingerprint:
-            raise StoreError(
-                f"store {self.root} was built with model {meta.get('model')} (fingerprint "
-                f"{meta.get('model_fingerprint', '?')[:12]}), not {model} (fingerprint {fingerprint[:12]}): "
-                "its caches are useless to this model. Use the store's model, or another --store."
-            )
-
-    def check_settings(self, **settings) -> None:
-        """StoreError if a setting the store recorded differs (settings it never recorded are not checked)."""
-        meta = self.meta()
-        for k, v in settings.items():
-            if k in meta and meta[k] != str(v):
+    def check(self, settings: StoreSettings) -> None:
+        """StoreError if a setting the store recorded differs from one given (settings it never recorded, or
+        not given, are not checked), or if a model fingerprint is given and is not the store's."""
+        recorded = self.settings()
+        for name, ours, theirs in recorded.differences(settings):
+            if name not in ("model", "model_fingerprint"):  # first: the dtype also changes the fingerprint
                 raise StoreError(
-                    f"store {self.root} uses {k.replace('_', ' ')} {meta[k]}, not {v}: "
-                    f"use {meta[k]} with this store, or another --store"
+                    f"store {self.root} uses {name.replace('_', ' ')} {ours}, not {theirs}: "
+                    f"use {ours} with this store, or another --store"
                 )
+        fingerprint = settings.model_fingerprint
+        if fingerprint is not None and recorded.model_fingerprint != fingerprint:
+            raise StoreError(
+                f"store {self.root} was built with model {recorded.model} (fingerprint "
+                f"{(recorded.model_fingerprint or '?')[:12]}), not {settings.model} (fingerprint "
+                f"{fingerprint[:12]}): its caches are useless to this model. Use the store's model, or "
+                "another --store."
+            )
 
     # -- transactions and locking ------------------------------------------------------------------
 
@@ -541,6 +563,20 @@ class Catalog:
         )
         return [r[0] for r in rows]
 
+    def doc_ids(self) -> list[str]:
+        """Every document id of this collection."""
+        rows = self.db.execute("SELECT doc_id FROM documents WHERE collection = ?", (self.cid,))
+        return [r[0] for r in rows]
+
+    def document_rows(self) -> list[tuple[str, str, int, int]]:
+        """(doc_id, path, chunks, tokens) of every document of this collection, oldest first."""
+        return self.db.execute(
+            "SELECT d.doc_id, d.path, COUNT(c.id), COALESCE(SUM(c.tokens), 0) FROM documents d "
+            "LEFT JOIN chunks c ON c.document = d.id WHERE d.collection = ? "
+            "GROUP BY d.id ORDER BY d.ingested",
+            (self.cid,),
+        ).fetchall()
+
     def any_document_under(self, path: str) -> bool:
         """Whether a document of any collection has its source file at `path` or under the folder `path`
         (`cache gc` keeps such an upload folder)."""
@@ -593,6 +629,10 @@ class Catalog:
         q = "SELECT text FROM chunks WHERE cache_key = ? LIMIT 1"
         rows = ((k, self.db.execute(q, (k,)).fetchone()) for k in keys)
         return {k: row[0] for k, row in rows if row}
+
+    def vacuum(self) -> None:
+        """Give the space of deleted rows back to the file system (`cache gc`)."""
+        self.db.execute("VACUUM")
 
     def cache_entries(self) -> list[tuple[str, int]]:
         return list(self.db.execute("SELECT key, bytes FROM cache_entries ORDER BY key"))

@@ -1,6 +1,6 @@
 """Content-addressed store of chunk K/V caches: blobs (codec.py) in a backend (backends.py).
 
-Key = sha256(key version, model fingerprint, store dtype, prefix token ids, chunk token ids). Any change to
+Key = sha256(key version, model fingerprint, cache format, prefix token ids, chunk token ids). Any change to
 the model, the instruction prefix or the chunk text gives a new key, so a stale cache can never be served;
 old blobs are garbage once nothing references them. `KEY_VERSION` versions what a key *means*; it is not
 the blob format, so rewriting blobs in a new format (`cache verify --migrate`) keeps every key, and keys are
@@ -9,9 +9,9 @@ the same whichever backend holds the blobs.
 Reads verify what they return: a damaged blob is logged, deleted and reported as missing (the caller
 recomputes it), never used.
 
-The store format (`dtype`) is one of `codec.FORMATS`: float16, bfloat16, float32 (the tensors cast), or int8
-and fp8 (quantized, about half the bytes of float16, read back dequantized to float16; codec.py says how).
-It is part of the key, so stores of different formats never share a cache.
+The cache format (`cache_format`) is one of `codec.FORMATS`: float16, bfloat16, float32 (the tensors
+cast), or int8 and fp8 (quantized, about half the bytes of float16, read back dequantized to float16;
+codec.py says how). It is part of the key, so stores of different formats never share a cache.
 """
 
 from __future__ import annotations
@@ -35,25 +35,27 @@ KEY_VERSION = "1"  # what a key means (goes into cache_key and the catalog); not
 __all__ = ["FILE_FORMAT", "KEY_VERSION", "KVStore", "Layers", "cache_key"]
 
 
-def cache_key(fingerprint: str, prefix_ids: list[int], chunk_ids: list[int], dtype: str = "float16") -> str:
+def cache_key(
+    fingerprint: str, prefix_ids: list[int], chunk_ids: list[int], cache_format: str = "float16"
+) -> str:
     h = hashlib.sha256()
-    h.update(json.dumps([KEY_VERSION, fingerprint, dtype, prefix_ids, chunk_ids]).encode())
+    h.update(json.dumps([KEY_VERSION, fingerprint, cache_format, prefix_ids, chunk_ids]).encode())
     return h.hexdigest()
 
 
 class KVStore:
     """Chunk caches in one backend; `KVStore(root)` keeps them as files, `root/kv/ab/<key>.safetensors`.
 
-    `dtype` is the store format (a name from `codec.FORMATS`); `torch_dtype` is the dtype that reads return
+    `cache_format` is a name from `codec.FORMATS`; `torch_dtype` is the dtype that reads return
     (for int8 and fp8, float16: the dequantized values)."""
 
-    def __init__(self, root: str | Path | Backend, dtype: str = "float16"):
-        if dtype not in codec.FORMATS:
-            raise ValueError(f"unknown store dtype {dtype!r}: use one of {', '.join(codec.FORMATS)}")
+    def __init__(self, root: str | Path | Backend, cache_format: str = "float16"):
+        if cache_format not in codec.FORMATS:
+            raise ValueError(f"unknown cache format {cache_format!r}: use one of {', '.join(codec.FORMATS)}")
         self.backend = FileBackend(root) if isinstance(root, (str, Path)) else root
-        self.dtype = dtype
-        self.torch_dtype = codec.decoded_dtype(dtype)
-        self.quantized = dtype in codec.QUANT
+        self.cache_format = cache_format
+        self.torch_dtype = codec.decoded_dtype(cache_format)
+        self.quantized = cache_format in codec.QUANT
         self.hits = 0
         self.misses = 0
         self.unavailable = 0  # reads that found the backend unreachable
@@ -85,12 +87,12 @@ class KVStore:
 
     def put(self, key: str, kv: ChunkKV) -> int:
         """Store atomically in format 2; returns bytes written."""
-        return self.backend.put(key, codec.encode(kv, self.dtype))
+        return self.backend.put(key, codec.encode(kv, self.cache_format))
 
     def as_stored(self, kv: ChunkKV) -> ChunkKV:
         """What `put` followed by `get` returns (cast, or quantized and dequantized), on kv's device: a chunk
         computed during a request is then numerically the one every later request reads."""
-        return codec.as_stored(kv, self.dtype)
+        return codec.as_stored(kv, self.cache_format)
 
     # -- reading -------------------------------------------------------------------------------------------
 
@@ -133,7 +135,7 @@ class KVStore:
             self.misses += 1
             return None
         try:
-            out = codec.decode(buf, self.dtype, layers)
+            out = codec.decode(buf, self.cache_format, layers)
         except codec.Damaged as e:
             log.warning(
                 "damaged cache %s in %s (%s): ignored and removed; it will be recomputed",

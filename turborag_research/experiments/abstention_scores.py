@@ -1,0 +1,66 @@
+"""How well does a model's own probability of the abstention reply tell unanswerable questions from answerable
+ones?  If it separated them well, a threshold on it ("abstain when p >= t") would be a training-free way to
+raise abstention on questions the passages cannot answer without declining answerable ones.
+
+For every question of an answerable and an unanswerable eval file this scores the log-probability of the
+reply "The passages do not say." after the prompt, teacher-forced in one forward on top of the assembled
+context (turbo: the chunk caches re-positioned, then question + reply; full: everything prefilled), and
+prints the ROC AUC and, per threshold, the share of each set whose probability reaches it:
+
+    python -m turborag_research.experiments.abstention_scores --model runs/ft3/adapter --mode turbo \\
+        --limit 80 --answerable runs/eval/realtext-doc-eval.jsonl \\
+        --unanswerable runs/eval/unanswerable-doc-eval.jsonl
+
+A threshold decides alone here; greedy decoding abstains on its own besides (see docs/BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+from turborag.cli.loading import engine_for
+from turborag.core.engine import Engine
+from turborag.core.generate import SamplingParams
+
+
+def abstention_logprob(engine: Engine, question: str, contexts: list[str], mode: str) -> float:
+    """log p(ABSTAIN | prompt), as the engine scores it for its threshold (the reply teacher-forced in the
+    prefill forward); threshold 1, which no probability reaches, scores without ever forcing the reply."""
+    scoring = engine.with_options(abstain_threshold=1.0)
+    return scoring.answer(question, contexts, mode, SamplingParams(max_new_tokens=1)).abstain_logprob
+
+
+def scores(engine: Engine, path: Path, mode: str, limit: int | None) -> list[float]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()][:limit]
+    engine.precompute([c for r in rows for c in r["contexts"]])
+    return [abstention_logprob(engine, r["question"], r["contexts"], mode) for r in rows]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--mode", choices=("turbo", "full"), default="turbo")
+    p.add_argument("--answerable", type=Path, required=True)
+    p.add_argument("--unanswerable", type=Path, required=True)
+    p.add_argument("--limit", type=int, default=None, help="first N questions of each file")
+    p.add_argument("--json", type=Path, default=None, help="also write every score here")
+    args = p.parse_args()
+    engine = engine_for(args.model, "cpu", None, "auto", "auto")
+    a = scores(engine, args.answerable, args.mode, args.limit)
+    u = scores(engine, args.unanswerable, args.mode, args.limit)
+    # ROC AUC: the chance that an unanswerable question scores above an answerable one (ties count half)
+    auc = sum((x > y) + 0.5 * (x == y) for x in u for y in a) / (len(a) * len(u))
+    print(f"{args.model} ({args.mode}): {len(a)} answerable, {len(u)} unanswerable, ROC AUC {auc:.3f}")
+    print("threshold  abstains on unanswerable  abstains on answerable")
+    for t in (0.5, 0.3, 0.2, 0.1, 0.05, 0.02):
+        lt = math.log(t)
+        print(f"{t:>9}  {sum(x >= lt for x in u) / len(u):>23.1%}  {sum(x >= lt for x in a) / len(a):>22.1%}")
+    if args.json:
+        args.json.write_text(json.dumps({"answerable": a, "unanswerable": u, "auc": auc}))
+
+
+if __name__ == "__main__":
+    main()

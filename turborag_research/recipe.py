@@ -1,0 +1,330 @@
+"""A training recipe: an adapter's data and training in one file, built and trained by one resumable command.
+
+The shipped adapter was trained in seven stages, each a `turborag data mix` with its own options and seed
+and a `turborag finetune --init-adapter` on the stage before, replayed by hand across sessions. A recipe
+states a whole run as data (turborag_research/recipes/NAME.json, or any JSON file):
+
+- `model`: the base model the run starts from (a recipe always trains from the base, never an adapter);
+- `data`: a list of parts, each the keyword arguments of one `mix.build_mix` call with its own `n` and
+  `seed`, plus an optional `about` saying why the part is there. The parts are concatenated in order (the
+  trainer shuffles every epoch), so one recipe can mix several mixes;
+- `train`: the training settings (the TrainConfig fields in TRAIN_KEYS, and optionally those in
+  OPTIONAL_TRAIN_KEYS);
+- `name`, an optional `description`, and an optional `data_sha256`: the sha256 of the data.jsonl the
+  recipe builds.
+
+Unknown keys are errors rather than ignored, so a typo never silently trains something else; the build_mix
+arguments are checked against its signature when the recipe is loaded, so a recipe can use an argument as
+soon as build_mix has it.
+
+`data_sha256` replaces freezing the generators' code. The generators (synth, realtext, prose, docstyle,
+mix) may change; a recipe that records the hash of its data says exactly which data it trained on, and
+building it checks the file written against that hash: when they differ the build fails with both hashes,
+the data is kept as data.jsonl.mismatch (never as data.jsonl, so no rerun trains on it), and the recipe's
+data no longer reproduces until the generators are fixed or the recipe records the new hash (then train
+in a new --out).
+The realtext and prose parts read the standard library's docstrings, so the hash also pins the Python
+version the data was built with.
+
+`turborag finetune --recipe NAME --out DIR` writes DIR/recipe.json (the recipe, its hash and the command
+line's overrides), builds DIR/data.jsonl once, and trains; rerunning the command resumes from DIR's last
+checkpoint without rebuilding the data. A DIR that holds another recipe's data or checkpoints is refused,
+so two recipes never mix. The recipe's hash leaves `data_sha256` out: the check says whether the recipe's
+data reproduces, it is not part of what the recipe asks for (so recording it neither makes another recipe
+nor stops a run begun before it was recorded from resuming).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+
+from turborag.train.finetune import TrainConfig
+from turborag_research.mix import build_mix
+from turborag_research.synth import write_jsonl
+
+TOP_KEYS = ("name", "description", "model", "data", "train", "data_sha256")
+REQUIRED_KEYS = ("name", "model", "data", "train")
+TRAIN_KEYS = ("steps", "batch", "lr", "warmup", "rank", "save_every", "keep_every", "seed", "dtype")
+# Optional: the trainer's passage truncation (TrainConfig's default when absent; the tests make it short).
+OPTIONAL_TRAIN_KEYS = ("max_passage_tokens",)
+# What the command line may override besides TRAIN_KEYS (the TrainConfig fields of `turborag finetune`).
+OVERRIDE_KEYS = TRAIN_KEYS + ("model", "lora", "causal", "positions", "template")
+DTYPES = ("auto", "float32", "bfloat16")
+# The generators build_mix draws on (invented facts, stdlib docstrings, plain English over them): a record
+# from anywhere else (an evaluation set, the demo corpus) is refused before the data is written.
+DATA_SOURCES = ("synth", "stdlib", "prose")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    model: str
+    parts: list[dict]  # build_mix keyword arguments, `about` removed
+    train: dict
+    content: dict  # the recipe as loaded, for OUT/recipe.json
+    source: str  # the name or path it was loaded from
+    hash: str  # sha256 of the canonical JSON (sorted keys) less data_sha256: any edit makes another recipe
+    data_sha256: str | None = None  # the sha256 its data.jsonl must have, when the recipe records it
+
+    @property
+    def examples(self) -> int:
+        return sum(part["n"] for part in self.parts)
+
+
+def available() -> list[str]:
+    """Names of the recipes shipped in the package."""
+    folder = files("turborag_research").joinpath("recipes")
+    return sorted(p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json"))
+
+
+def load_recipe(spec: str) -> Recipe:
+    """A recipe by shipped name (`gemma-3-270m-turbo`) or by path to a JSON file, validated."""
+    path = Path(spec)
+    if spec.endswith(".json") or path.is_file():
+        if not path.is_file():
+            raise ValueError(f"no such recipe file: {spec}")
+        text = path.read_text(encoding="utf-8")
+    else:
+        entry = files("turborag_research").joinpath(f"recipes/{spec}.json")
+        if not entry.is_file():
+            raise ValueError(
+                f"unknown recipe {spec!r}: the shipped ones are {', '.join(available())} "
+                "(or give the path of a JSON file)"
+            )
+        text = entry.read_text(encoding="utf-8")
+    try:
+        obj = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"recipe {spec}: not valid JSON ({e})") from None
+    return parse_recipe(obj, spec)
+
+
+def parse_recipe(obj: object, source: str = "<dict>") -> Recipe:
+    """Validate a recipe's JSON object; every problem is a ValueError that names the key."""
+    where = f"recipe {source}"
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: must be a JSON object")
+    _known(obj, TOP_KEYS, where)
+    missing = [k for k in REQUIRED_KEYS if k not in obj]
+    if missing:
+        raise ValueError(f"{where}: missing key {missing[0]!r}")
+    for key in ("name", "model"):
+        if not isinstance(obj[key], str) or not obj[key]:
+            raise ValueError(f"{where}: {key} must be a non-empty string, got {obj[key]!r}")
+    if not isinstance(obj["data"], list) or not obj["data"]:
+        raise ValueError(f"{where}: data must be a non-empty list of build_mix arguments")
+    parts = [_part(part, f"{where}, data part {i}") for i, part in enumerate(obj["data"], 1)]
+    seeds = [part["seed"] for part in parts]
+    if len(set(seeds)) < len(seeds):
+        raise ValueError(f"{where}: two data parts share a seed; each needs its own (else they draw alike)")
+    if not isinstance(obj["train"], dict):
+        raise ValueError(f"{where}: train must be an object of training settings")
+    _known(obj["train"], TRAIN_KEYS + OPTIONAL_TRAIN_KEYS, f"{where}, train")
+    missing = [k for k in TRAIN_KEYS if k not in obj["train"]]
+    if missing:
+        raise ValueError(f"{where}, train: missing key {missing[0]!r}")
+    _check_train(obj["train"], f"{where}, train")
+    expected = obj.get("data_sha256")
+    if "data_sha256" in obj and not (isinstance(expected, str) and re.fullmatch(r"[0-9a-f]{64}", expected)):
+        raise ValueError(
+            f"{where}: data_sha256 must be 64 lower-case hex digits (a sha256), got {expected!r}"
+        )
+    stated = {k: v for k, v in obj.items() if k != "data_sha256"}
+    canonical = json.dumps(stated, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return Recipe(
+        name=obj["name"],
+        model=obj["model"],
+        parts=parts,
+        train=dict(obj["train"]),
+        content=obj,
+        source=source,
+        hash=hashlib.sha256(canonical.encode()).hexdigest(),
+        data_sha256=expected,
+    )
+
+
+def _known(obj: dict, keys: tuple[str, ...], where: str) -> None:
+    unknown = [k for k in obj if k not in keys]
+    if unknown:
+        raise ValueError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(keys)})")
+
+
+def _part(part: object, where: str) -> dict:
+    """One data part: build_mix's keyword arguments, checked against its signature now (not at build time),
+    so a recipe naming an argument build_mix lacks fails before anything is built."""
+    if not isinstance(part, dict):
+        raise ValueError(f"{where}: must be an object of build_mix arguments")
+    accepted = list(inspect.signature(build_mix).parameters)
+    args = {k: v for k, v in part.items() if k != "about"}
+    unknown = [k for k in args if k not in accepted]
+    if unknown:
+        raise ValueError(
+            f"{where}: build_mix takes no argument {unknown[0]!r} (it takes {', '.join(accepted)}; "
+            "'about' is a note)"
+        )
+    for key, low in (("n", 1), ("seed", 0)):
+        if key not in args:
+            raise ValueError(f"{where}: needs its own {key!r}")
+        _int(args[key], low, f"{where}: {key}")
+    return args
+
+
+def _int(value: object, low: int, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{what} must be an integer of at least {low}, got {value!r}")
+
+
+def _check_train(train: dict, where: str) -> None:
+    for key in ("steps", "batch", "rank", "save_every", "max_passage_tokens"):
+        if key in train:
+            _int(train[key], 1, f"{where}: {key}")
+    for key in ("warmup", "keep_every", "seed"):
+        if key in train:
+            _int(train[key], 0, f"{where}: {key}")
+    lr = train.get("lr", 1.0)
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
+        raise ValueError(f"{where}: lr must be a positive number, got {lr!r}")
+    if train.get("dtype", "auto") not in DTYPES:
+        raise ValueError(f"{where}: dtype must be one of {', '.join(DTYPES)}, got {train['dtype']!r}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the run's folder: OUT/recipe.json, OUT/data.jsonl
+
+
+def build_data(recipe: Recipe, out_dir: str | Path, say: Callable[[str], None] = lambda _: None) -> Path:
+    """OUT/data.jsonl for the recipe, built once: a rerun finds it and checks that it is this recipe's.
+
+    OUT/recipe.json is written first (the recipe, its hash), so that a folder holding data or checkpoints
+    always says which recipe made them; the data is written to data.jsonl.part and renamed, so a killed
+    build leaves no half file, and its sha256 is recorded, so an edited data.jsonl is noticed. When the
+    recipe records `data_sha256`, data whose hash differs (built now or found) is moved to
+    data.jsonl.mismatch and a ValueError names both hashes: nothing trains on data the recipe did not state.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    data = out / "data.jsonl"
+    record = _claim(recipe, out)
+    if data.is_file():
+        digest = _sha256(data)
+        if record.get("data", {}).get("sha256", digest) != digest:
+            raise ValueError(f"{data} is not the data recipe {recipe.name} built (it was changed since)")
+        _check_digest(recipe, data, digest)
+        say(f"data: {data} was built before, not rebuilt")
+    else:
+        rows = []
+        for i, part in enumerate(recipe.parts, 1):
+            say(f"building data: part {i} of {len(recipe.parts)}, {part['n']} examples (seed {part['seed']})")
+            try:
+                rows += build_mix(**part)
+            except ValueError as e:
+                raise ValueError(f"recipe {recipe.source}, data part {i}: {e}") from None
+        check_sources(rows)
+        tmp = data.with_name(data.name + ".part")
+        write_jsonl(rows, tmp)
+        digest = _sha256(tmp)
+        _check_digest(recipe, tmp, digest)
+        os.replace(tmp, data)
+        say(f"data: {len(rows)} examples written to {data}")
+    if recipe.data_sha256 is not None:
+        say(f"data: sha256 {digest}, the one the recipe records")
+    with data.open(encoding="utf-8") as f:
+        record["data"] = {"examples": sum(1 for line in f if line.strip()), "sha256": digest}
+    _write_record(out, record)
+    return data
+
+
+MISMATCH = "data.jsonl.mismatch"  # where data that does not hash to the recipe's data_sha256 is kept
+
+
+def _check_digest(recipe: Recipe, path: Path, digest: str) -> None:
+    """Nothing when the recipe records no data_sha256 or `digest` is it; else move the file to
+    OUT/data.jsonl.mismatch (kept, to compare with good data) and raise a ValueError naming both hashes."""
+    if recipe.data_sha256 is None or digest == recipe.data_sha256:
+        return
+    kept = path.with_name(MISMATCH)
+    os.replace(path, kept)
+    raise ValueError(
+        f"recipe {recipe.name}: its data does not reproduce: the data built has sha256 {digest}, the recipe "
+        f"records data_sha256 {recipe.data_sha256}. The generators (or the Python version, whose docstrings "
+        f"the stdlib parts read) changed since the recipe was recorded; the data is kept as {kept} (not "
+        "trained on). Fix the generators, or record the new hash in the recipe and train in a new --out."
+    )
+
+
+def check_sources(rows: list[dict]) -> None:
+    """Refuse a record that build_mix's own generators did not make (the exclusion of evaluation text
+    rests on them: invented facts and the train split of the standard library's docstrings)."""
+    for row in rows:
+        if str(row.get("source", "")).split(":", 1)[0] not in DATA_SOURCES:
+            raise ValueError(f"a training record from {row.get('source')!r}, not from {DATA_SOURCES}")
+
+
+def _claim(recipe: Recipe, out: Path) -> dict:
+    """OUT's record of its recipe; a folder that holds data or checkpoints of another run is an error."""
+    path = out / "recipe.json"
+    started = (out / "data.jsonl").exists() or (out / "latest").exists()
+    if path.is_file():
+        record = json.loads(path.read_text(encoding="utf-8"))
+        if record.get("hash") == recipe.hash:
+            return record
+        if started:
+            raise ValueError(
+                f"{out} holds a run of recipe {record.get('recipe')!r} (hash {str(record.get('hash'))[:12]}),"
+                f" not of {recipe.name!r} (hash {recipe.hash[:12]}): use another --out"
+            )
+    elif started:
+        raise ValueError(f"{out} holds data or checkpoints that no recipe made: use another --out")
+    record = {"recipe": recipe.name, "hash": recipe.hash, "source": recipe.source, "content": recipe.content}
+    _write_record(out, record)
+    return record
+
+
+def record_overrides(out_dir: str | Path, overrides: dict) -> None:
+    """Note in OUT/recipe.json the settings the latest command line gave over the recipe's."""
+    out = Path(out_dir)
+    record = json.loads((out / "recipe.json").read_text(encoding="utf-8"))
+    record["overrides"] = overrides
+    _write_record(out, record)
+
+
+def _write_record(out: Path, record: dict) -> None:
+    tmp = out / "recipe.json.part"
+    tmp.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, out / "recipe.json")
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def train_config(recipe: Recipe, out_dir: str | Path, overrides: dict | None = None) -> TrainConfig:
+    """The TrainConfig of the recipe's run: from its base model (no --init-adapter), on OUT/data.jsonl,
+    with the recipe's settings under `overrides` (keys of OVERRIDE_KEYS). `dtype` may be "auto": the
+    caller resolves it for its device, as `turborag finetune` does for its own --dtype."""
+    overrides = overrides or {}
+    unknown = [k for k in overrides if k not in OVERRIDE_KEYS]
+    if unknown:
+        raise ValueError(f"a recipe's run cannot override {unknown[0]!r} (only {', '.join(OVERRIDE_KEYS)})")
+    settings = {"model": recipe.model, **recipe.train, **overrides}
+    _check_train(settings, f"recipe {recipe.source} with overrides")
+    return TrainConfig(
+        data=str(Path(out_dir) / "data.jsonl"),
+        out=str(out_dir),
+        alpha=2 * settings["rank"],
+        recipe=recipe.name,
+        recipe_hash=recipe.hash,
+        **settings,
+    )
