@@ -4,6 +4,9 @@ usage index rebuilt from the files when lost, and a capped store that still answ
 from __future__ import annotations
 
 import multiprocessing as mp
+import sqlite3
+
+import pytest
 
 from turborag.store.disk_tier import BoundedFileBackend
 
@@ -80,3 +83,34 @@ def test_concurrent_writers_keep_to_one_cap(tmp_path):
     disk = BoundedFileBackend(tmp_path, max_bytes=8000)
     assert _on_disk(tmp_path) <= 8000 and disk.used_bytes() == _on_disk(tmp_path)
     assert disk.stats()["entries"] == len(list(disk.keys()))
+
+
+def test_a_busy_index_is_waited_for_not_taken_for_damaged(tmp_path, monkeypatch):
+    """SQLite says "database is locked" while another process opens or writes the index: that index is
+    live, and deleting it would leave that process counting alone (the store then holds twice the cap)."""
+    disk = BoundedFileBackend(tmp_path, max_bytes=3000)
+    for i in range(3):
+        disk.put(_key(i), bytes(1000))
+    disk.get(_key(0))  # last use differs from the files' mtime: a rebuild would lose it
+    used = dict(disk.db.execute("SELECT key, last_used FROM usage").fetchall())
+    real_connect, calls = BoundedFileBackend._connect, []
+
+    def busy_twice(self):
+        calls.append(1)
+        if len(calls) <= 2:
+            raise sqlite3.OperationalError("database is locked")
+        return real_connect(self)
+
+    monkeypatch.setattr(BoundedFileBackend, "_connect", busy_twice)
+    again = BoundedFileBackend(tmp_path, max_bytes=3000)
+    assert len(calls) == 3
+    assert dict(again.db.execute("SELECT key, last_used FROM usage").fetchall()) == used
+
+    def always_busy(self):
+        raise sqlite3.OperationalError("database is locked")
+
+    monkeypatch.setattr(BoundedFileBackend, "_connect", always_busy)
+    with pytest.raises(sqlite3.OperationalError):
+        BoundedFileBackend(tmp_path, max_bytes=3000)
+    assert (tmp_path / "kv" / "usage.sqlite").exists()
+    assert dict(disk.db.execute("SELECT key, last_used FROM usage").fetchall()) == used

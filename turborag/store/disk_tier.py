@@ -6,7 +6,8 @@ the same cap) each put evicts the least recently used caches until the store fit
 and asked for later is recomputed by the request (reported as `computed_chunks`) and stored again.
 
 The usage index (bytes and last use of every cache) is an SQLite file next to the caches, `kv/usage.sqlite`,
-so it survives restarts; when it is missing or unreadable it is rebuilt from the files (last use = mtime).
+so it survives restarts; when it is missing or damaged it is rebuilt from the files (last use = mtime), under
+the writers' lock (a busy index is waited for, never taken for damaged).
 Puts from several processes take an exclusive lock on `kv/.cap.lock` around write + evict, so the cap holds
 for the whole store: it is exceeded only while one put is in flight, by at most that one chunk (a single
 chunk larger than the cap is kept alone). Reads take no lock; their last-use updates are small SQLite
@@ -48,19 +49,39 @@ class BoundedFileBackend(FileBackend):
     # -- the usage index -----------------------------------------------------------------------------------
 
     def _open_index(self) -> sqlite3.Connection:
-        """Open (or rebuild from the files) the usage index."""
-        fresh = not self._db_path.exists()
-        try:
-            db = self._connect()
-            db.execute("SELECT count(*) FROM usage").fetchone()
-        except sqlite3.DatabaseError:  # damaged: start over from the files
-            for suffix in ("", "-wal", "-shm"):
-                Path(f"{self._db_path}{suffix}").unlink(missing_ok=True)
-            db, fresh = self._connect(), True
-        if fresh:
-            with self._exclusive():
+        """Open (or rebuild from the files) the usage index, under the writers' lock.
+
+        Only a damaged index is started over. A busy one (SQLite's OperationalError: another process is
+        opening or writing it) is retried and never deleted: a process still writing to an index deleted
+        under it keeps a count of its own, and the store then holds up to twice the cap.
+        """
+        with self._exclusive():
+            fresh = not self._db_path.exists()
+            try:
+                db = self._connect_checked()
+            except sqlite3.OperationalError:
+                raise
+            except sqlite3.DatabaseError:  # damaged: start over from the files
+                for suffix in ("", "-wal", "-shm"):
+                    Path(f"{self._db_path}{suffix}").unlink(missing_ok=True)
+                db, fresh = self._connect(), True
+            if fresh:
                 self._rebuild(db)
         return db
+
+    def _connect_checked(self, attempts: int = 5) -> sqlite3.Connection:
+        """Connect and read the index once; a busy database is retried with a growing pause."""
+        attempt = 0
+        while True:
+            try:
+                db = self._connect()
+                db.execute("SELECT count(*) FROM usage").fetchone()
+                return db
+            except sqlite3.OperationalError:
+                attempt += 1
+                if attempt == attempts:
+                    raise
+                time.sleep(0.1 * attempt)
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self._db_path, timeout=30, isolation_level=None, check_same_thread=False)
