@@ -79,13 +79,13 @@ def test_the_floor_does_the_model_work_turbo_does(tmp_path, monkeypatch):
         return (yield from feed_steps(cache, ids, *args, **kwargs))
 
     monkeypatch.setattr(engine, "_feed_steps", spy)
-    for threshold in (None, 0.5):
-        engine.abstain_threshold = threshold
+    for threshold in (0, 0.5):  # 0: no threshold
+        variant = engine.with_options(abstain_threshold=threshold)
         fed.clear()
-        engine.answer(QUESTION, passages, "turbo", SamplingParams(max_new_tokens=1))
+        variant.answer(QUESTION, passages, "turbo", SamplingParams(max_new_tokens=1))
         turbo = fed[0]
         fed.clear()
-        bench_engine.floor_ttft(engine, QUESTION, passages)
+        bench_engine.floor_ttft(variant, QUESTION, passages)
         assert fed == [turbo]
         suffix = engine.layout.suffix_ids(QUESTION)
         assert turbo == (suffix + engine.abstain_ids[:-1] if threshold else suffix)

@@ -13,6 +13,7 @@ from turborag.core.batch import DecodeBatch
 from turborag.core.engine import Engine
 from turborag.core.generate import SamplingParams
 from turborag.core.model import abstain_threshold, adapter_dir_for
+from turborag.core.options import EngineOptions
 from turborag.core.prompt import ABSTAIN
 from turborag.store.kv_store import KVStore
 
@@ -26,9 +27,8 @@ MODES = ("full", "turbo", "turbo-blend")
 
 
 def _engine(lm, tmp_path, threshold):
-    engine = Engine(lm, KVStore(tmp_path, cache_format="float32"))
+    engine = Engine(lm, KVStore(tmp_path, cache_format="float32"), EngineOptions(abstain_threshold=threshold))
     engine.stop_ids = set()  # random weights may pick EOS first: decode every request its full length
-    engine.abstain_threshold = threshold
     return engine
 
 
@@ -61,8 +61,8 @@ def test_abstain_logprob_equals_one_teacher_forced_forward(tiny_lm, tmp_path):
     for mode in ("full", "turbo"):
         got = engine.answer(Q, PASSAGES[:1], mode, SamplingParams(max_new_tokens=2)).abstain_logprob
         assert got == pytest.approx(expected, abs=1e-4), mode
-    engine.abstain_threshold = None
-    assert engine.answer(Q, PASSAGES[:1], "full", SamplingParams(max_new_tokens=2)).abstain_logprob is None
+    unscored = engine.with_options(abstain_threshold=0)  # 0: only when greedy decoding picks the reply
+    assert unscored.answer(Q, PASSAGES[:1], "full", SamplingParams(max_new_tokens=2)).abstain_logprob is None
 
 
 @pytest.mark.parametrize("tiny_lm", ["gemma3"], indirect=True)
@@ -92,8 +92,7 @@ def test_a_forced_abstention_decodes_in_a_batch_beside_other_requests(tiny_lm, t
     params = SamplingParams(max_new_tokens=40)  # longer than the reply (one token per character here)
     alone = [engine.answer(Q, PASSAGES[i:], "turbo", params).token_ids for i in range(2)]
     seqs = [engine.begin(Q, PASSAGES[i:], "turbo", params) for i in range(2)]
-    engine.abstain_threshold = 1e-300
-    seqs.append(engine.begin(Q, PASSAGES, "full", params))
+    seqs.append(engine.with_options(abstain_threshold=1e-300).begin(Q, PASSAGES, "full", params))
     batch = DecodeBatch(engine.lm.model, engine.windows)
     answers = {}
     running = list(enumerate(seqs))

@@ -13,6 +13,7 @@ from turborag.core.engine import Engine
 from turborag.core.generate import SamplingParams
 from turborag.core.grounding import missing_names, question_names
 from turborag.core.model import name_check
+from turborag.core.options import EngineOptions
 from turborag.store.kv_store import KVStore
 
 PASSAGES = [
@@ -83,9 +84,8 @@ def test_any_question_mentions_its_own_names():
 
 
 def _engine(lm, tmp_path, check):
-    engine = Engine(lm, KVStore(tmp_path, cache_format="float32"))
+    engine = Engine(lm, KVStore(tmp_path, cache_format="float32"), EngineOptions(name_check=check))
     engine.stop_ids = set()  # random weights may pick EOS first: decode every request its full length
-    engine.name_check = check
     return engine
 
 

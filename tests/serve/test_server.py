@@ -112,23 +112,20 @@ def test_contexts_extension_and_completions_prompt_caching(served):
     assert b.usage.prompt_tokens_details.cached_tokens > a.usage.prompt_tokens_details.cached_tokens
 
 
-def test_name_check_declines_and_lists_the_missing_names(served):
-    engine = served.backend.engine
+def test_name_check_declines_and_lists_the_missing_names(served, monkeypatch):
     body = {"turborag": {"contexts": ["Veltrano Dynamics was founded by Ada."]}}
-    engine.name_check = True  # as the default model records it; the tiny model does not
-    try:
-        for question, missing in (("Who founded Veltreno Dynamics?", ["Veltreno Dynamics"]),
-                                  ("Who founded Veltrano Dynamics?", None)):  # fmt: skip
-            r = served.client.chat.completions.create(
-                model="turborag",
-                messages=[{"role": "user", "content": question}],
-                max_tokens=40,
-                extra_body=body,
-            )
-            assert r.model_extra["turborag"].get("missing_names") == missing
-            assert (r.choices[0].message.content == ABSTAIN) is (missing is not None)
-    finally:
-        engine.name_check = False
+    # as the default model records it; the tiny model does not (the served engine is the fixture's)
+    monkeypatch.setattr(served.backend.engine, "name_check", True)
+    for question, missing in (("Who founded Veltreno Dynamics?", ["Veltreno Dynamics"]),
+                              ("Who founded Veltrano Dynamics?", None)):  # fmt: skip
+        r = served.client.chat.completions.create(
+            model="turborag",
+            messages=[{"role": "user", "content": question}],
+            max_tokens=40,
+            extra_body=body,
+        )
+        assert r.model_extra["turborag"].get("missing_names") == missing
+        assert (r.choices[0].message.content == ABSTAIN) is (missing is not None)
 
 
 def test_documents_added_and_removed_change_retrieval(served):
