@@ -33,11 +33,11 @@ real questions keep their natural length.
 Template families (families.py): a synthetic record's question wording (the template's own question,
 "According to the passages, ...", a fill-in-the-blank fact, an imperative "Give the founder of X."), its
 passage layout (prose sentences, a fact sheet of "Attribute: value" lines, a news paragraph) and its answer
-type (person, number, color, ...).  Held-out entities and domains share the templates of training, so they
-cannot show a shortcut tied to a template; so by default (`families="seen"`) the synthetic records are
-drawn only from families with no held-out part (families.HELD_OUT_WORDINGS, HELD_OUT_LAYOUTS and
-HELD_OUT_ANSWER_TYPES: the imperative wording, the news layout, color answers), and the eval sets
-"synth-seen" and "synth-unseen" measure the gap.  `families="legacy"` is the one family of the seven stages
+type (person, number, color, material, ...). Held-out entities and domains share the templates of training,
+so they cannot show a shortcut tied to a template; so by default (`families="seen"`) the synthetic records
+are drawn only from families with no held-out part (families.HELD_OUT_WORDINGS, HELD_OUT_LAYOUTS and
+HELD_OUT_ANSWER_TYPES: the imperative wording, the news layout, material answers), and the eval sets
+"synth-seen" and "synth-unseen" measure the gap. `families="legacy"` is the one family of the seven stages
 of the shipped adapter (direct wording, prose layout, any answer type); only the synthetic records differ
 between the two.
 

@@ -239,6 +239,19 @@ def _color(rng: random.Random) -> _Value:
     return _Value(color, (color,))
 
 
+def _material(*words: str) -> Callable[[random.Random], _Value]:
+    """A common lower-case word from the template's own list ("granite", "vellum"): like a color, a value
+    that is no invented name, so a reader that answers "with a name" instead of what was asked fails it."""
+    if len(set(words)) < 2:
+        raise ValueError("a material needs at least two different words")
+
+    def make(rng: random.Random) -> _Value:
+        word = rng.choice(words)
+        return _Value(word, (word,))
+
+    return make
+
+
 # --- domains ---------------------------------------------------------------------------------------------
 
 _DATA_FILE = "data/synth_domains.json"
@@ -274,6 +287,7 @@ _VALUE_KINDS = {
     "title": _Kind(_title, min_args=1),
     "number": _Kind(_number, arg_type=int, min_args=2, max_args=3),  # low, high, optional step
     "color": _Kind(lambda: _color, max_args=0),
+    "material": _Kind(_material, min_args=2),
 }
 
 
@@ -467,14 +481,17 @@ def _fact_sheet(
     rng: random.Random, domain: _Domain, template: _Template, entity: str, value: _Value
 ) -> tuple[str, str]:
     """A fact sheet: the entity as a title line, an "Attribute: value" line for every attribute of the
-    domain in a random order (the others with invented values that do not restate this one), and a
-    "Notes:" line of one or two fillers.
+    domain (but held-out answer types, below) in a random order (the others with invented values that do
+    not restate this one), and a "Notes:" line of one or two fillers.
 
     The fact returned is the asked line said as a sentence ("The founder of X is Y."), since a line such
     as "Founder: Y" is no answer in a sentence; it states nothing the line does not."""
     forbidden = needles(value.answers)
     lines = []
-    for t in domain.templates:
+    # a held-out answer type gets a line only on a sheet that is asked about one, so that no training
+    # passage states a value of that type
+    held = set(fam.HELD_OUT_ANSWER_TYPES) - {template.answer_type}
+    for t in (t for t in domain.templates if t.answer_type not in held):
         v = value if t is template else _other_value(rng, t, forbidden)
         unit = f" {t.unit}" if t.unit else ""
         lines.append(f"{t.attribute[0].upper()}{t.attribute[1:]}: {v.text}{unit}")
@@ -638,9 +655,12 @@ def _distractors(
     layout: str,
     n_distractors: int,
     hard: bool,
+    allowed: tuple[str, ...] = fam.ANSWER_TYPES,
 ) -> list[str]:
     """`n_distractors` passages that do not answer the question, shuffled: none names the entity or the
-    answer, all share the gold passage's layout."""
+    answer, all share the gold passage's layout.  Other-domain passages state facts of the `allowed` answer
+    types where that domain has one, so that a training record shows no held-out template even as a
+    distractor."""
     forbidden = needles((*value.answers, entity))
     used = {entity}
     # Mostly same-attribute look-alikes (the hard case), about a third from other domains for realism.
@@ -663,7 +683,8 @@ def _distractors(
     ]
     for _ in range(n_other):
         other = rng.choice(others)
-        distractors.append(_distractor(rng, other, rng.choice(other.templates), forbidden, used, layout))
+        templates = [t for t in other.templates if t.answer_type in allowed] or other.templates
+        distractors.append(_distractor(rng, other, rng.choice(templates), forbidden, used, layout))
     rng.shuffle(distractors)
     return distractors
 
@@ -698,7 +719,7 @@ def _record(
 
     n_distractors = contexts - 1 if answerable else contexts
     distractors = _distractors(
-        rng, gold_domains, domain, template, entity, value, layout, n_distractors, hard
+        rng, gold_domains, domain, template, entity, value, layout, n_distractors, hard, allowed
     )
 
     question = _question(template, wording, entity)

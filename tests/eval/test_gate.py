@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from turborag.cli import app
 from turborag.eval import gate as g
+from turborag.eval.evaluate import load_examples
 from turborag.eval.metrics import ABSTAIN
 
 runner = CliRunner()
@@ -100,10 +101,41 @@ def test_answer_sets_stores_and_reuses(tmp_path):
     )
     stored = g.predictions_path(tmp_path / "out", "m", "realtext-doc", 2)
     assert stored.is_file() and not list(stored.parent.glob("*.partial"))
-    assert not g.needs_answers("m", ["realtext-doc"], tmp_path / "out", 2)
-    assert g.needs_answers("m", ["realtext-doc"], tmp_path / "out", 3)  # another limit is another run
+    assert not g.needs_answers("m", files, tmp_path / "out", 2, ["full", "turbo"])
+    assert g.needs_answers("m", files, tmp_path / "out", 3, ["full", "turbo"])  # another limit: another run
     again = g.answer_sets(None, "m", files, tmp_path / "out", 2, ["full", "turbo"], progress=False)
     assert again == got
+
+
+def test_stale_answers_are_answered_again(tmp_path):
+    """Answers stored for a set that was since rebuilt, for other modes, or for an adapter since retrained
+    under the same name are never compared: the model answers again."""
+    out, modes = tmp_path / "out", ["full", "turbo"]
+    files = {"realtext-doc": _set(tmp_path / "a.jsonl")}
+    g.answer_sets(_Engine("It is Oslo."), "m", files, out, 2, modes, progress=False)
+    assert not g.needs_answers("m", files, out, 2, modes)
+    assert g.needs_answers("m", files, out, 2, ["full"])
+    rows = [json.loads(line) for line in files["realtext-doc"].read_text().splitlines()]
+    rows[1]["answers"] = ["Bergen"]  # the set rebuilt: one gold answer differs
+    files["realtext-doc"].write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert g.needs_answers("m", files, out, 2, modes)
+    engine = _Engine("It is Oslo.")
+    got = g.answer_sets(engine, "m", files, out, 2, modes, progress=False)
+    assert engine.calls == 5
+    assert [r["correct"] for r in got["realtext-doc"] if r["mode"] == "full"] == [True, False]
+    # an adapter is known by its files: retrained in place, its key changes
+    adapter = tmp_path / "runs" / "ft"
+    adapter.mkdir(parents=True)
+    for name in ("adapter_config.json", "adapter_model.safetensors", "turborag_finetune.json"):
+        (adapter / name).write_text("{}")
+    examples = load_examples(files["realtext-doc"], 2)[0]
+    before = g.answers_key(str(adapter), examples, modes)
+    (adapter / "adapter_model.safetensors").write_text("other weights")
+    assert g.answers_key(str(adapter), examples, modes) != before
+    # answers stored without a key (before keys existed) count as stale
+    key_file = g.predictions_path(out, "m", "realtext-doc", 2).with_name("realtext-doc.n2.key")
+    key_file.unlink()
+    assert g.needs_answers("m", files, out, 2, modes)
 
 
 def test_model_label_keeps_two_adapters_apart():
@@ -111,18 +143,22 @@ def test_model_label_keeps_two_adapters_apart():
     assert g.model_label("runs/ft2/adapter") != g.model_label("runs/ft3/adapter")
 
 
-def _store_answers(out, label, name, correct):
+def _store_answers(out, label, name, correct, set_file=None):
+    """Answers as the gate stores them; with the set's file, also their key, so the gate reuses them."""
     path = g.predictions_path(out, label, name, 100)
     path.parent.mkdir(parents=True, exist_ok=True)
     recs = _records(correct, "full") + _records(correct, "turbo")
     path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    if set_file is not None:
+        key = g.answers_key(label, load_examples(set_file, 100)[0], ["full", "turbo"])
+        path.with_name(f"{name}.n100.key").write_text(key)
 
 
 def test_cli_fails_a_worse_candidate_from_stored_answers(tmp_path):
-    eval_dir = _set(tmp_path / "eval" / "realtext-doc-eval.jsonl").parent
-    out = tmp_path / "gate"
-    _store_answers(out, "cand", "realtext-doc", [False] * 12 + [True] * 8)
-    _store_answers(out, "cur", "realtext-doc", [True] * 20)
+    set_file = _set(tmp_path / "eval" / "realtext-doc-eval.jsonl", n=20)
+    eval_dir, out = set_file.parent, tmp_path / "gate"
+    _store_answers(out, "cand", "realtext-doc", [False] * 12 + [True] * 8, set_file)
+    _store_answers(out, "cur", "realtext-doc", [True] * 20, set_file)
     args = ["gate", "cand", "--against", "cur", "--sets", "realtext-doc", "--eval-dir", str(eval_dir),
             "--out", str(out)]  # fmt: skip
     r = runner.invoke(app, args)  # both models' answers are stored: nothing is loaded

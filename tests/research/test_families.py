@@ -24,6 +24,7 @@ IMPERATIVES = {
     "Which river flows through {e}?": "Give the main river of {e}.",
     "What is the population of {e}?": "Give the population of {e}.",
     "What is the best-known landmark in {e}?": "Give the best-known landmark of {e}.",
+    "What stone are the old houses of {e} built from?": "Give the building stone of {e}.",
     "Who first synthesized {e}?": "Give the discoverer of {e}.",
     "At what temperature, in degrees Celsius, does {e} melt?": (
         "Give the melting point of {e}, in degrees Celsius."
@@ -47,6 +48,7 @@ IMPERATIVES = {
     "In what year was the {e} signed?": "Give the year of signing of the {e}.",
     "Who negotiated the {e}?": "Give the negotiator of the {e}.",
     "Which river became the border under the {e}?": "Give the border river of the {e}.",
+    "What was the seal of the {e} made of?": "Give the seal material of the {e}.",
     "Who first described the {e}?": "Give the first describer of the {e}.",
     "On which island is the {e} found?": "Give the home island of the {e}.",
     "What color is the {e}?": "Give the color of the {e}.",
@@ -112,7 +114,12 @@ def test_every_layout_renders_for_every_template(layout):
             if layout == "record":
                 lines = passage.split("\n")
                 assert lines[0] == entity and lines[-1].startswith("Notes: ")
-                assert len(lines) == len(domain.templates) + 2  # one line per attribute
+                # one line per attribute, but a held-out answer type's only on a sheet asked about it
+                held = [u for u in domain.templates if u.answer_type in fam.HELD_OUT_ANSWER_TYPES]
+                held = [u for u in held if u is not t]
+                assert len(lines) == len(domain.templates) - len(held) + 2
+                heads = {line.split(":")[0] for line in lines}
+                assert not heads & {u.attribute.capitalize() for u in held}
                 unit = f" {t.unit}" if t.unit else ""
                 assert f"{t.attribute[0].upper()}{t.attribute[1:]}: {value.text}{unit}" in lines
                 assert (
@@ -194,9 +201,9 @@ def test_deterministic_for_a_seed(families):
 def test_bad_families_are_rejected():
     with pytest.raises(ValueError, match="families must be one of legacy, all, seen, unseen, got 'held'"):
         generate(3, 2, families="held")
-    with pytest.raises(ValueError, match="no template of domains film, astronomy asks for a color"):
+    with pytest.raises(ValueError, match="no template of domains film, astronomy asks for a material"):
         generate(7, 2, domains=["film", "astronomy"], families="unseen")
-    assert {r["domain"] for r in generate(7, 2, domains=["film", "biology"], families="unseen")} <= {
+    assert {r["domain"] for r in generate(7, 2, domains=["film", "city"], families="unseen")} <= {
         "film",
-        "biology",
+        "city",
     }

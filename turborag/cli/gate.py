@@ -99,14 +99,14 @@ def gate(
     for spec, label in labels.items():  # one model in memory at a time; a model answered before loads not
         engine = (
             engine_for(spec, device, None, template, dtype)
-            if g.needs_answers(label, names, out, limit)
+            if g.needs_answers(spec, files, out, limit, mode_list)
             else None
         )
 
         def say(name: str, label: str = label) -> None:
             typer.echo(f"{label}: answering {name}", err=True)
 
-        answers[spec] = g.answer_sets(engine, label, files, out, limit, mode_list, not as_json, say)
+        answers[spec] = g.answer_sets(engine, spec, files, out, limit, mode_list, not as_json, say)
         del engine
     rows = []
     for name in names:

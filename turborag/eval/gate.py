@@ -14,17 +14,22 @@ The gate is a veto, not a selector: it rejects a model that regresses; nothing i
 its RGB numbers (which checkpoint to try is decided on our own data before the gate runs).
 
 Answers are stored per model and set (`predictions_path`), so a model measured once is reused against every
-other candidate, and a killed gate resumes where it stopped.
+other candidate, and a killed gate resumes where it stopped.  Each answer file has a key beside it
+(`answers_key`: the questions asked, the modes and the adapter's files), so a set that was rebuilt or an
+adapter replaced under the same name is answered again instead of compared from stale answers.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from turborag.eval.evaluate import load_examples, run_eval
+from turborag.core.files import file_digest
+from turborag.core.model import adapter_dir_for
+from turborag.eval.evaluate import Example, load_examples, run_eval
 from turborag.eval.gate_sets import ALPHA, GATE_MODES, GATE_SETS, GateSet, set_file
 from turborag.eval.metrics import abstains, paired_difference, rgb_declines
 
@@ -43,6 +48,34 @@ def predictions_path(out: Path, label: str, name: str, limit: int | None) -> Pat
     return out / label / f"{name}.n{limit or 'all'}.pred.jsonl"
 
 
+def answers_key(spec: str, examples: Sequence[Example], modes: Sequence[str]) -> str:
+    """What a model's stored answers on a set were made from: the model (an adapter by the digests of its
+    files, which carry its threshold and name check; any other model by its spec), the questions with their
+    passages and gold answers, and the modes.  A rebuilt set or a retrained adapter gives another key."""
+    h = hashlib.sha256()
+    adapter = adapter_dir_for(spec)
+    if adapter is None:
+        h.update(f"model {spec}\n".encode())
+    else:
+        for name in ("adapter_config.json", "adapter_model.safetensors", "turborag_finetune.json"):
+            path = adapter / name
+            h.update(f"{name} {file_digest(path) if path.exists() else '-'}\n".encode())
+    for e in examples:
+        h.update(json.dumps([e.line, e.question, e.answers, e.contexts, e.answerable]).encode() + b"\n")
+    h.update(json.dumps(list(modes)).encode())
+    return h.hexdigest()
+
+
+def _key_path(path: Path) -> Path:
+    return path.with_name(path.name.removesuffix(".pred.jsonl") + ".key")
+
+
+def stored(path: Path, key: str) -> bool:
+    """Whether answers are stored at `path` for exactly this key."""
+    key_file = _key_path(path)
+    return path.exists() and key_file.exists() and key_file.read_text(encoding="utf-8").strip() == key
+
+
 def read_predictions(path: Path) -> list[dict]:
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
@@ -50,7 +83,7 @@ def read_predictions(path: Path) -> list[dict]:
 
 def answer_sets(
     engine,
-    label: str,
+    spec: str,
     files: dict[str, Path],
     out: Path,
     limit: int | None,
@@ -58,15 +91,16 @@ def answer_sets(
     progress: bool = True,
     on_set: Callable[[str], None] | None = None,
 ) -> dict[str, list[dict]]:
-    """Every set's answers of one model in `modes`: read if stored, else answered and stored (written to a
-    .partial file and renamed, so only a finished set counts)."""
+    """Every set's answers of one model in `modes`: read if stored under the same key, else answered and
+    stored (written to a .partial file and renamed, then the key, so only a finished set counts)."""
     got = {}
     for name, file in files.items():
-        path = predictions_path(out, label, name, limit)
-        if not path.exists():
+        path = predictions_path(out, model_label(spec), name, limit)
+        examples, _ = load_examples(file, limit)
+        key = answers_key(spec, examples, modes)
+        if not stored(path, key):
             if on_set:
                 on_set(name)
-            examples, _ = load_examples(file, limit)
             records: list[dict] = []
             tokens = GATE_SETS[name].max_new_tokens if name in GATE_SETS else 32
             run_eval(engine, examples, modes, tokens, progress=progress, predictions=records)
@@ -74,13 +108,22 @@ def answer_sets(
             partial = path.with_suffix(".partial")
             partial.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
             partial.replace(path)
+            _key_path(path).write_text(key + "\n", encoding="utf-8")
         got[name] = read_predictions(path)
     return got
 
 
-def needs_answers(label: str, names: Iterable[str], out: Path, limit: int | None) -> bool:
-    """Whether some set's answers of this model are not stored yet (so the model must be loaded)."""
-    return any(not predictions_path(out, label, n, limit).exists() for n in names)
+def needs_answers(
+    spec: str, files: dict[str, Path], out: Path, limit: int | None, modes: Sequence[str] = GATE_MODES
+) -> bool:
+    """Whether some set's answers of this model are not stored (or stale), so the model must be loaded."""
+    return any(
+        not stored(
+            predictions_path(out, model_label(spec), name, limit),
+            answers_key(spec, load_examples(file, limit)[0], modes),
+        )
+        for name, file in files.items()
+    )
 
 
 @dataclass
@@ -181,6 +224,7 @@ __all__ = [
     "GateRow",
     "GateSet",
     "answer_sets",
+    "answers_key",
     "as_json",
     "compare",
     "declined",
@@ -190,4 +234,5 @@ __all__ = [
     "passed",
     "predictions_path",
     "set_file",
+    "stored",
 ]
