@@ -240,7 +240,7 @@ def _color(rng: random.Random) -> _Value:
 
 
 def _material(*words: str) -> Callable[[random.Random], _Value]:
-    """A common lower-case word from the template's own list ("granite", "vellum"): like a color, a value
+    """A common lower-case word from the template's own list ("granite", "beeswax"): like a color, a value
     that is no invented name, so a reader that answers "with a name" instead of what was asked fails it."""
     if len(set(words)) < 2:
         raise ValueError("a material needs at least two different words")
