@@ -216,9 +216,22 @@ def _merged_dir(adapter: Path, base_folder: Path) -> Path:
     """Where the merge of `adapter` into its base is kept: named by a hash of the adapter's files and the
     base folder (whose name carries the base's own digest), so a changed adapter or base is merged anew."""
     h = hashlib.sha256(str(base_folder.resolve()).encode())
-    for name in ("adapter_config.json", "adapter_model.safetensors", "turborag_finetune.json"):
-        h.update(name.encode() + file_digest(adapter / name).encode())
+    h.update(adapter_digest(adapter).encode())
     return turborag_home() / "models" / f"merged-{adapter.name}-{h.hexdigest()[:16]}"
+
+
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "turborag_finetune.json")
+
+
+def adapter_digest(adapter: Path) -> str:
+    """One digest of an adapter's files: the LoRA weights, its config and the threshold and name check it
+    records. What is derived from an adapter (its merge, a gate's stored answers) is named by it, so a
+    retrained adapter under the same name is never mistaken for the old one."""
+    h = hashlib.sha256()
+    for name in ADAPTER_FILES:
+        path = adapter / name
+        h.update(f"{name} {file_digest(path) if path.exists() else '-'}\n".encode())
+    return h.hexdigest()
 
 
 def publish_folder(out: Path, write: Callable[[Path], None]) -> None:

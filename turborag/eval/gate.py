@@ -27,8 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from turborag.core.files import file_digest
-from turborag.core.model import adapter_dir_for
+from turborag.core.model import adapter_digest, adapter_dir_for
 from turborag.eval.evaluate import Example, load_examples, run_eval
 from turborag.eval.gate_sets import ALPHA, GATE_MODES, GATE_SETS, GateSet, set_file
 from turborag.eval.metrics import abstains, paired_difference, rgb_declines
@@ -57,9 +56,7 @@ def answers_key(spec: str, examples: Sequence[Example], modes: Sequence[str]) ->
     if adapter is None:
         h.update(f"model {spec}\n".encode())
     else:
-        for name in ("adapter_config.json", "adapter_model.safetensors", "turborag_finetune.json"):
-            path = adapter / name
-            h.update(f"{name} {file_digest(path) if path.exists() else '-'}\n".encode())
+        h.update(f"adapter {adapter_digest(adapter)}\n".encode())
     for e in examples:
         h.update(json.dumps([e.line, e.question, e.answers, e.contexts, e.answerable]).encode() + b"\n")
     h.update(json.dumps(list(modes)).encode())
