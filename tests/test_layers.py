@@ -245,3 +245,35 @@ def test_no_catalog_metadata_or_sql_outside_the_store():
 def test_the_catalog_checker_catches_reads_and_sql():
     source = 'size = int(catalog.meta().get("chunk_tokens"))\ncatalog.db.execute("VACUUM")\nf.metadata()\n'
     assert catalog_internals(source) == [(1, "meta"), (2, "db")]
+
+
+# Small functions read top to bottom (issue 40). Counted from the first line after the signature, the
+# docstring included, so a CLI command's option list (its signature) does not count.
+MAX_FUNCTION_LINES = 60
+
+
+def long_functions(source: str, limit: int = MAX_FUNCTION_LINES) -> list[tuple[str, int]]:
+    """(name, lines) of every function in `source` whose body is longer than `limit` lines."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            lines = node.end_lineno - node.body[0].lineno + 1
+            if lines > limit:
+                found.append((node.name, lines))
+    return found
+
+
+def test_no_function_is_longer_than_sixty_lines():
+    out = [
+        f"{name}.{fn} ({lines} lines)"
+        for name, path in module_names().items()
+        for fn, lines in long_functions(path.read_text())
+    ]
+    assert out == [], "split these: " + ", ".join(out)
+
+
+def test_the_length_checker_counts_the_body_not_the_signature():
+    signature = "def f(\n" + "    a: int = 1,\n" * 80 + "):\n"
+    assert long_functions(signature + "    return a\n") == []
+    body = "def g():\n    '''Why.'''\n" + "    x = 1\n" * 60
+    assert long_functions(body) == [("g", 61)]
