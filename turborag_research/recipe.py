@@ -11,7 +11,11 @@ states a whole run as data (turborag_research/recipes/NAME.json, or any JSON fil
 - `train`: the training settings (the TrainConfig fields in TRAIN_KEYS, and optionally those in
   OPTIONAL_TRAIN_KEYS);
 - `name`, an optional `description`, and an optional `data_sha256`: the sha256 of the data.jsonl the
-  recipe builds.
+  recipe builds;
+- an optional `answering`: the engine settings the trained adapter records in its turborag_finetune.json
+  (`name_check`, `abstain_threshold`; ANSWERING_KEYS). They are chosen after training, on held-out sets,
+  so they are written when training ends and, like `data_sha256`, left out of the recipe's hash: recording
+  them neither makes another recipe nor stops a run from resuming.
 
 Unknown keys are errors rather than ignored, so a typo never silently trains something else; the build_mix
 arguments are checked against its signature when the recipe is loaded, so a recipe can use an argument as
@@ -50,7 +54,11 @@ from turborag.train.finetune import TrainConfig
 from turborag_research.mix import build_mix
 from turborag_research.synth import write_jsonl
 
-TOP_KEYS = ("name", "description", "model", "data", "train", "data_sha256")
+TOP_KEYS = ("name", "description", "model", "data", "train", "data_sha256", "answering")
+# Outside the recipe's hash: what it checks (data_sha256) and what is chosen after training (answering).
+UNHASHED_KEYS = ("data_sha256", "answering")
+# The engine settings an adapter records for serving (core/model.py reads them from turborag_finetune.json).
+ANSWERING_KEYS = ("name_check", "abstain_threshold")
 REQUIRED_KEYS = ("name", "model", "data", "train")
 TRAIN_KEYS = ("steps", "batch", "lr", "warmup", "rank", "save_every", "keep_every", "seed", "dtype")
 # Optional: the trainer's passage truncation (TrainConfig's default when absent; the tests make it short).
@@ -73,6 +81,7 @@ class Recipe:
     source: str  # the name or path it was loaded from
     hash: str  # sha256 of the canonical JSON (sorted keys) less data_sha256: any edit makes another recipe
     data_sha256: str | None = None  # the sha256 its data.jsonl must have, when the recipe records it
+    answering: dict | None = None  # settings the adapter records for the engine (ANSWERING_KEYS)
 
     @property
     def examples(self) -> int:
@@ -137,7 +146,8 @@ def parse_recipe(obj: object, source: str = "<dict>") -> Recipe:
         raise ValueError(
             f"{where}: data_sha256 must be 64 lower-case hex digits (a sha256), got {expected!r}"
         )
-    stated = {k: v for k, v in obj.items() if k != "data_sha256"}
+    answering = _answering(obj["answering"], f"{where}, answering") if "answering" in obj else None
+    stated = {k: v for k, v in obj.items() if k not in UNHASHED_KEYS}
     canonical = json.dumps(stated, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return Recipe(
         name=obj["name"],
@@ -148,7 +158,20 @@ def parse_recipe(obj: object, source: str = "<dict>") -> Recipe:
         source=source,
         hash=hashlib.sha256(canonical.encode()).hexdigest(),
         data_sha256=expected,
+        answering=answering,
     )
+
+
+def _answering(obj: object, where: str) -> dict:
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: must be an object of {', '.join(ANSWERING_KEYS)}")
+    _known(obj, ANSWERING_KEYS, where)
+    if "name_check" in obj and not isinstance(obj["name_check"], bool):
+        raise ValueError(f"{where}: name_check must be true or false, got {obj['name_check']!r}")
+    t = obj.get("abstain_threshold", 0.5)
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 1:
+        raise ValueError(f"{where}: abstain_threshold must be a number in (0, 1], got {t!r}")
+    return dict(obj)
 
 
 def _known(obj: dict, keys: tuple[str, ...], where: str) -> None:
@@ -294,6 +317,23 @@ def record_overrides(out_dir: str | Path, overrides: dict) -> None:
     record = json.loads((out / "recipe.json").read_text(encoding="utf-8"))
     record["overrides"] = overrides
     _write_record(out, record)
+
+
+def record_answering(recipe: Recipe, out_dir: str | Path) -> None:
+    """Write the recipe's `answering` settings into the turborag_finetune.json of the run's adapter and
+    merged model (OUT/adapter, OUT/model), beside what the trainer wrote, so either answers as the recipe
+    says with no step by hand."""
+    if not recipe.answering:
+        return
+    for folder in ("adapter", "model"):
+        path = Path(out_dir) / folder / "turborag_finetune.json"
+        if not path.exists():
+            continue
+        meta = json.loads(path.read_text(encoding="utf-8"))
+        meta.update(recipe.answering)
+        tmp = path.with_name(path.name + ".part")
+        tmp.write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
 
 
 def _write_record(out: Path, record: dict) -> None:

@@ -21,6 +21,7 @@ import turborag.train.finetune as train
 import turborag_research.recipe as recipe_mod
 from turborag.cli import app
 from turborag.core.defaults import BASE_MODEL
+from turborag.core.model import name_check
 from turborag_research.mix import build_mix
 from turborag_research.recipe import build_data, check_sources, load_recipe, parse_recipe, train_config
 
@@ -86,6 +87,11 @@ def test_shipped_recipe_loads_and_trains_from_the_base_model(tmp_path):
         (lambda r: r.update(data=[]), "data must be a non-empty list"),
         (lambda r: r.update(data_sha256="F2F9"), "data_sha256 must be 64 lower-case hex digits"),
         (lambda r: r.update(data_sha256=None), "data_sha256 must be 64 lower-case hex digits"),
+        (lambda r: r.update(answering=True), "answering: must be an object of"),
+        (lambda r: r.update(answering={"threshold": 0.3}), "answering: unknown key 'threshold'"),
+        (lambda r: r.update(answering={"name_check": "yes"}), "name_check must be true or false"),
+        (lambda r: r.update(answering={"abstain_threshold": 0}), "abstain_threshold must be a number in"),
+        (lambda r: r.update(answering={"abstain_threshold": 1.5}), "abstain_threshold must be a number in"),
     ],
 )
 def test_invalid_recipes_are_refused_with_the_key_named(edit, message):
@@ -120,6 +126,19 @@ def test_data_sha256_is_checked_but_not_part_of_the_recipes_hash():
     bare = parse_recipe(raw, "bare")
     assert bare.data_sha256 is None and bare.hash == shipped.hash
     assert parse_recipe({**raw, "data_sha256": "0" * 64}, "other").hash == shipped.hash
+
+
+def test_answering_settings_are_not_part_of_the_recipes_hash():
+    """The engine settings an adapter records (chosen after training, on held-out sets) can be added or
+    changed without making another recipe, as data_sha256 can."""
+    shipped = load_recipe(SHIPPED)
+    assert shipped.answering == {"name_check": True}
+    raw = _raw()
+    del raw["answering"]
+    bare = parse_recipe(raw, "bare")
+    assert bare.answering is None and bare.hash == shipped.hash
+    other = parse_recipe({**raw, "answering": {"abstain_threshold": 0.3}}, "other")
+    assert other.answering == {"abstain_threshold": 0.3} and other.hash == shipped.hash
 
 
 def test_a_recipe_whose_data_does_not_hash_to_its_data_sha256_fails_and_trains_on_nothing(tmp_path):
@@ -307,6 +326,10 @@ def test_cli_recipe_run_resumes_without_rebuilding_and_records_overrides(
     assert (meta["recipe"], meta["recipe_hash"]) == (r.name, r.hash) == (SHIPPED, record["hash"])
     assert meta["steps"] == 2 and meta["rank"] == 4 and meta["model"] == tiny_model_dir
     assert (out / "model" / "config.json").exists() and Path(meta["data"]) == out / "data.jsonl"
+    # the recipe's answering settings are recorded with the adapter and the merged model, and read back
+    merged = json.loads((out / "model" / "turborag_finetune.json").read_text())
+    assert meta["name_check"] is True and merged["name_check"] is True
+    assert name_check(out / "adapter") and name_check(out / "model")
 
 
 def test_cli_recipe_whose_data_does_not_reproduce_fails_before_training(tmp_path, tiny_model_dir):

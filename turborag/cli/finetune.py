@@ -104,6 +104,8 @@ def finetune(
         dest = run(lm, cfg)
     except (ModelError, ValueError) as e:
         fail(str(e))
+    if rec is not None:
+        recipes.record_answering(rec, out)
     typer.echo(f"fine-tuned model written to {dest} (use it with --model {dest})", err=True)
 
 
