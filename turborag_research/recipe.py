@@ -79,7 +79,7 @@ class Recipe:
     train: dict
     content: dict  # the recipe as loaded, for OUT/recipe.json
     source: str  # the name or path it was loaded from
-    hash: str  # sha256 of the canonical JSON (sorted keys) less data_sha256: any edit makes another recipe
+    hash: str  # sha256 of the canonical JSON (sorted keys) less UNHASHED_KEYS: other edits make another
     data_sha256: str | None = None  # the sha256 its data.jsonl must have, when the recipe records it
     answering: dict | None = None  # settings the adapter records for the engine (ANSWERING_KEYS)
 
@@ -329,17 +329,18 @@ def record_answering(recipe: Recipe, out_dir: str | Path) -> None:
         path = Path(out_dir) / folder / "turborag_finetune.json"
         if not path.exists():
             continue
-        meta = json.loads(path.read_text(encoding="utf-8"))
-        meta.update(recipe.answering)
-        tmp = path.with_name(path.name + ".part")
-        tmp.write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+        _write_json(path, {**json.loads(path.read_text(encoding="utf-8")), **recipe.answering})
 
 
 def _write_record(out: Path, record: dict) -> None:
-    tmp = out / "recipe.json.part"
-    tmp.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, out / "recipe.json")
+    _write_json(out / "recipe.json", record)
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    """`obj` as indented JSON at `path`, through a temp file and one rename: never half written."""
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _sha256(path: Path) -> str:

@@ -212,14 +212,6 @@ def adapter_dir_for(spec: str) -> Path | None:
     return None
 
 
-def _merged_dir(adapter: Path, base_folder: Path) -> Path:
-    """Where the merge of `adapter` into its base is kept: named by a hash of the adapter's files and the
-    base folder (whose name carries the base's own digest), so a changed adapter or base is merged anew."""
-    h = hashlib.sha256(str(base_folder.resolve()).encode())
-    h.update(adapter_digest(adapter).encode())
-    return turborag_home() / "models" / f"merged-{adapter.name}-{h.hexdigest()[:16]}"
-
-
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors", "turborag_finetune.json")
 
 
@@ -232,6 +224,14 @@ def adapter_digest(adapter: Path) -> str:
         path = adapter / name
         h.update(f"{name} {file_digest(path) if path.exists() else '-'}\n".encode())
     return h.hexdigest()
+
+
+def _merged_dir(adapter: Path, base_folder: Path) -> Path:
+    """Where the merge of `adapter` into its base is kept: named by a hash of the adapter's files and the
+    base folder (whose name carries the base's own digest), so a changed adapter or base is merged anew."""
+    h = hashlib.sha256(str(base_folder.resolve()).encode())
+    h.update(adapter_digest(adapter).encode())
+    return turborag_home() / "models" / f"merged-{adapter.name}-{h.hexdigest()[:16]}"
 
 
 def publish_folder(out: Path, write: Callable[[Path], None]) -> None:
