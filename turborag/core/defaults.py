@@ -34,7 +34,9 @@ def turborag_home() -> Path:
 
 
 # The server decodes up to this many running requests together (continuous batching, `serve --max-batch`).
-DEFAULT_MAX_BATCH = 8
+# 16, not 8: with 32 clients on 2 CPU cores, 16 served more requests/s and a lower TTFT p99 than 8 in fp32
+# and in bf16, turbo-only and mixed with `full`, at a higher inter-token latency (docs/BENCHMARKS.md).
+DEFAULT_MAX_BATCH = 16
 # Prompt tokens the server prefills between two decode steps (how long new requests may stall running ones).
 DEFAULT_PREFILL_BUDGET = 2048
 # Tokens one prefill forward takes at most: a longer prompt is prefilled in several forwards, between which a
