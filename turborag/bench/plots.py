@@ -166,7 +166,8 @@ def plot_serve(result: dict, path: str | Path) -> Path:
         ttft_ax.bar_label(bars, [f"{v:.3f}" for v in values], fontsize=7)
     ttft_ax.set_xticks([0, 1], ["p50", "p99"])
     ttft_ax.set_ylabel("TTFT (s)")
-    ttft_ax.legend(fontsize=8)
+    ttft_ax.margins(y=0.25)  # room for the legend above the tallest bar's label
+    ttft_ax.legend(fontsize=8, loc="upper center", ncols=2)
     for ax, key, label, fmt in (
         (tok_ax, "tokens_per_s", "generated tokens/s", "{:.1f}"),
         (req_ax, "requests_per_s", "requests/s", "{:.2f}"),
