@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from turborag.bench import plots
 from turborag.cli import app
+from turborag.core.defaults import DEFAULT_MAX_BATCH
 from turborag_research.synth import generate, write_jsonl
 
 runner = CliRunner()
@@ -188,7 +189,8 @@ def test_bench_serve_plot(tiny_model_dir, env):
     out = cli_json(r)
     assert out["load"]["errors"] == 0 and out["load_max_batch_1"]["max_batch"] == 1
     # TTFT against concurrency: 1 client run both ways, the --clients runs reused as they are
-    assert [(row["clients"], row["max_batch"]) for row in out["sweep"]] == [(1, 1), (1, 8), (3, 1), (3, 8)]
+    b = DEFAULT_MAX_BATCH
+    assert [(row["clients"], row["max_batch"]) for row in out["sweep"]] == [(1, 1), (1, b), (3, 1), (3, b)]
     assert all(row["errors"] == 0 and row["requests"] == row["clients"] for row in out["sweep"])
     assert out["sweep"][2] == {k: out["load_max_batch_1"][k] for k in out["sweep"][2]}
     assert f"plot: {png}" in r.stderr
