@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
+from turborag.core.files import write_json
 from turborag.train.finetune import TrainConfig
 from turborag_research.mix import build_mix
 from turborag_research.synth import write_jsonl
@@ -261,7 +262,7 @@ def build_data(recipe: Recipe, out_dir: str | Path, say: Callable[[str], None] =
         say(f"data: sha256 {digest}, the one the recipe records")
     with data.open(encoding="utf-8") as f:
         record["data"] = {"examples": sum(1 for line in f if line.strip()), "sha256": digest}
-    _write_record(out, record)
+    write_json(out / "recipe.json", record)
     return data
 
 
@@ -307,7 +308,7 @@ def _claim(recipe: Recipe, out: Path) -> dict:
     elif started:
         raise ValueError(f"{out} holds data or checkpoints that no recipe made: use another --out")
     record = {"recipe": recipe.name, "hash": recipe.hash, "source": recipe.source, "content": recipe.content}
-    _write_record(out, record)
+    write_json(out / "recipe.json", record)
     return record
 
 
@@ -316,7 +317,7 @@ def record_overrides(out_dir: str | Path, overrides: dict) -> None:
     out = Path(out_dir)
     record = json.loads((out / "recipe.json").read_text(encoding="utf-8"))
     record["overrides"] = overrides
-    _write_record(out, record)
+    write_json(out / "recipe.json", record)
 
 
 def record_answering(recipe: Recipe, out_dir: str | Path) -> None:
@@ -329,18 +330,7 @@ def record_answering(recipe: Recipe, out_dir: str | Path) -> None:
         path = Path(out_dir) / folder / "turborag_finetune.json"
         if not path.exists():
             continue
-        _write_json(path, {**json.loads(path.read_text(encoding="utf-8")), **recipe.answering})
-
-
-def _write_record(out: Path, record: dict) -> None:
-    _write_json(out / "recipe.json", record)
-
-
-def _write_json(path: Path, obj: dict) -> None:
-    """`obj` as indented JSON at `path`, through a temp file and one rename: never half written."""
-    tmp = path.with_name(path.name + ".part")
-    tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+        write_json(path, {**json.loads(path.read_text(encoding="utf-8")), **recipe.answering})
 
 
 def _sha256(path: Path) -> str:

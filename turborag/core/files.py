@@ -41,6 +41,14 @@ def write_index(name: str, index: dict) -> None:
         pass
 
 
+def write_json(path: Path, obj: dict) -> None:
+    """`obj` as indented JSON at `path`, through a temp file beside it and one rename: a crash leaves the
+    old file or none, never half of one (a record a later run or the engine reads back)."""
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def sha256_file(path: Path, block: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import datetime
 import hashlib
-import json
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from turborag.core.engine import Engine
+from turborag.core.files import write_json
 from turborag.core.model import CALIBRATION_FILE
 from turborag.core.options import TRAINING_FREE_DEFAULTS
 from turborag.eval.evaluate import Example, ModeResult, run_eval
@@ -121,7 +120,5 @@ def file_sha256(path: Path) -> str:
 def write_record(folder: Path, record: dict) -> Path:
     """Write turborag_calibration.json into `folder` (atomically: a crash leaves the old one or none)."""
     path = folder / CALIBRATION_FILE
-    tmp = path.with_name(path.name + ".part")
-    tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_json(path, record)
     return path
