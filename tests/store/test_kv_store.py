@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import zlib
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import save as st_save
 
+from turborag.store import codec
 from turborag.store.chunk_kv import ChunkKV
 from turborag.store.kv_store import FILE_FORMAT, KEY_VERSION, KVStore, cache_key
 
@@ -152,37 +152,54 @@ def test_format_2_round_trip_bit_identical_through_get_and_get_layers(tmp_path):
         assert store.hits == 3 and store.misses == 0
 
 
-def _mappings_of(path) -> list[tuple[int, int]]:
+def _open_fds_of(path) -> list[str]:
     target = os.path.realpath(path)
-    out = []
-    for line in Path("/proc/self/maps").read_text().splitlines():
-        fields = line.split(maxsplit=5)
-        if len(fields) == 6 and fields[5] == target:
-            lo, hi = (int(x, 16) for x in fields[0].split("-"))
-            out.append((lo, hi))
-    return out
+    fds = Path("/proc/self/fd")
+    return [f.name for f in fds.iterdir() if os.path.realpath(f) == target] if fds.is_dir() else []
 
 
-@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux /proc/self/maps")
-def test_get_layers_returns_views_over_the_file_mapping(tmp_path):
-    """Zero copy: every returned tensor's bytes lie inside the kernel's mapping of that very file, at the
-    file offset its header gives. A copy would live in anonymous memory and fail both checks."""
+def test_get_layers_reads_only_the_header_and_the_layers_asked_for(tmp_path, monkeypatch):
+    """A file is read in ranges: the 8-byte length, the header, then exactly the bytes of each requested
+    tensor, nothing of the other layers; the file is closed once decoded, and the tensors own their bytes."""
     store = KVStore(tmp_path, cache_format="bfloat16")
     key = "c3" * 32
-    store.put(key, _kv_layers(layers=4, tokens=64))
+    kv = _kv_layers(layers=4, tokens=64)
+    store.put(key, kv)
     n, header = _header(store.path(key))
+    reads = []
+    real = os.preadv
+
+    def preadv(fd, buffers, offset):
+        reads.append((offset, offset + sum(len(b) for b in buffers)))
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(os, "preadv", preadv)
     layers = store.get_layers(key, [0, 2])
-    maps = _mappings_of(store.path(key))
-    assert maps, "the file is not mapped"
-    base = None
+    tensors = [(0, 8), (8, 8 + n)] + sorted(
+        tuple(8 + n + o for o in header[f"{kind}.{i}"]["data_offsets"]) for i in (0, 2) for kind in "kv"
+    )
+    assert sorted(reads) == tensors
+    assert layers[1] is None and layers[3] is None
     for i in (0, 2):
-        for kind, t in zip("kv", layers[i]):
-            ptr, size = t.data_ptr(), t.numel() * t.element_size()
-            assert any(lo <= ptr and ptr + size <= hi for lo, hi in maps)
-            start = 8 + n + header[f"{kind}.{i}"]["data_offsets"][0]  # file offset of this tensor
-            base = ptr - start if base is None else base
-            assert ptr - start == base  # same mapping, laid out as in the file
-    assert base % mmap.PAGESIZE == 0
+        assert torch.equal(layers[i][0], kv.k[i].bfloat16()) and torch.equal(layers[i][1], kv.v[i].bfloat16())
+    if Path("/proc/self/fd").is_dir():
+        assert not _open_fds_of(store.path(key))
+    store.path(key).write_bytes(
+        b"\0" * store.path(key).stat().st_size
+    )  # the file's bytes are not the tensors'
+    assert torch.equal(layers[0][0], kv.k[0].bfloat16())
+
+
+def test_a_file_cut_while_it_is_read_is_damage(tmp_path):
+    """The size is taken when the file is opened; a file cut after that reads short, which is damage
+    (never a tensor over missing bytes)."""
+    store = KVStore(tmp_path)
+    key = "c4" * 32
+    store.put(key, _kv_layers())
+    blob = store.backend.get(key)
+    os.truncate(store.path(key), len(blob) - 100)
+    with pytest.raises(codec.Damaged, match="truncated"):
+        codec.decode(blob, store.cache_format)
 
 
 def _flip(path, offset: int) -> None:

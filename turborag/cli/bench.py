@@ -20,21 +20,32 @@ from turborag.cli.common import (
     console,
     fail,
     int_list,
+    parse_bytes,
     stdout,
     write_plot,
 )
 from turborag.cli.loading import engine_for, load_engine, open_catalog
 from turborag.core.defaults import DEFAULT_MAX_BATCH, DEFAULT_MODEL, DEFAULT_PREFILL_BUDGET, turborag_home
+from turborag.core.options import EngineOptions
 
 app = typer.Typer(help="Benchmarks (ratios measured side by side in one run).", no_args_is_help=True)
 
 
 def _engine_for_sizes(
-    sizes: list[int], model: str, device: str, store: Path | None, template: str, dtype: str
+    sizes: list[int],
+    model: str,
+    device: str,
+    store: Path | None,
+    template: str,
+    dtype: str,
+    ram_cache_bytes: int = 0,
 ):
     """The engine a context-size benchmark runs on (store default: $TURBORAG_HOME/bench-store), refusing
     sizes that do not fit the model's window with room for the question."""
-    engine = engine_for(model, device, store or turborag_home() / "bench-store", template, dtype)
+    options = EngineOptions(ram_cache_bytes=ram_cache_bytes)
+    engine = engine_for(
+        model, device, store or turborag_home() / "bench-store", template, dtype, options=options
+    )
     if max(sizes) + 512 > engine.lm.max_positions:
         fail(f"context of {max(sizes)} tokens does not fit the model's window of {engine.lm.max_positions}")
     return engine
@@ -55,17 +66,27 @@ def bench_ttft_cmd(
     template: str = TemplateOpt,
     dtype: str = DtypeOpt,
     store: Path = typer.Option(None, help="cache store (default: $TURBORAG_HOME/bench-store)"),
+    ram_cache_bytes: str = typer.Option(
+        "0",
+        "--ram-cache-bytes",
+        help="RAM tier in front of the store, as `serve --ram-cache-bytes` (e.g. 1G; default 0: turbo reads "
+        "every cache from the store)",
+    ),
     as_json: bool = typer.Option(False, "--json"),
     plot: Path = PlotOpt,
 ) -> None:
     """Full vs turbo TTFT per context size, alternating in one run; precompute throughput; bytes/token."""
     sizes = int_list(context_tokens, "--context-tokens")
+    try:
+        ram = parse_bytes(ram_cache_bytes)
+    except ValueError as e:
+        fail(f"--ram-cache-bytes: {e}")
     check_plot(plot)
     from turborag.bench.engine import bench_ttft, rows_as_dicts  # torch: after the argument checks
     from turborag.bench.plots import plot_ttft
     from turborag.core.model import bytes_per_token
 
-    engine = _engine_for_sizes(sizes, model, device, store, template, dtype)
+    engine = _engine_for_sizes(sizes, model, device, store, template, dtype, ram)
     rows = bench_ttft(engine, sizes, repeats, chunk_tokens, log=(lambda line: None) if as_json else progress)
     info = {
         "model": model,
@@ -73,6 +94,7 @@ def bench_ttft_cmd(
         "dtype": str(engine.lm.dtype).replace("torch.", ""),
         "cache_format": engine.store.cache_format,
         "repeats": repeats,
+        "ram_cache_bytes": ram,
         "kv_bytes_per_token": bytes_per_token(engine.lm.model, engine.store.torch_dtype),
     }
     result = {**info, "rows": rows_as_dicts(rows)}
@@ -108,8 +130,8 @@ def bench_ttft_cmd(
     stdout().print(table)
     stdout().print(
         f"KV bytes per token ({engine.store.cache_format}, tensors only): {info['kv_bytes_per_token']}. "
-        "Turbo TTFT includes reading caches from the store; floor = question prefill + first token against "
-        "the context already assembled; precompute is offline."
+        f"Turbo TTFT includes reading caches from {'the RAM tier' if ram else 'the store'}; floor = question "
+        "prefill + first token against the context already assembled; precompute is offline."
     )
     write_plot(plot, plot_ttft, result)
 

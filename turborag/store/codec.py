@@ -13,9 +13,10 @@ head_dim) in the store's format, and in the safetensors metadata `format: turbor
 - A hash per tensor: verification covers exactly what is read, at memory speed (xxh3 runs at tens of
   GB/s, CRC32 in zlib at ~1), so checking never costs more than the read it guards. A damaged tensor that
   is never requested is never used either; it is caught when it is requested, or by `cache verify`.
-- Decoding a cast format returns zero-copy views over the buffer it is given (a private file mapping, or
-  the bytes read from Redis), so a requested layer costs one pass (the hash) plus whatever the caller does
-  with it.
+- Decoding reads a blob in ranges (`Blob`): the header, then each requested tensor. From a file
+  (backends.FileBlob) that is one pread per tensor into its own buffer; from bytes already in memory (a
+  Redis value) a zero-copy view. A cast format's tensors are then views over those bytes, so a requested
+  layer costs its read, one pass for the hash, and whatever the caller does with it.
 
 Store formats (`FORMATS`): `float16`, `bfloat16`, `float32` store the tensors cast to that dtype. `int8` and
 `fp8` store them quantized, 1 byte per element plus scales (`tensor_bytes`: int8 is 0.5 + 1/(2 head_dim) +
@@ -57,6 +58,7 @@ import json
 import math
 import zlib
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import xxhash
@@ -203,37 +205,96 @@ def encode(kv: ChunkKV, fmt: str | torch.dtype) -> bytes:
 # -- reading -------------------------------------------------------------------------------------------------
 
 
+class Blob(Protocol):
+    """A blob that is read in ranges, so that decoding copies only what it checks and returns: a file
+    (backends.FileBlob) reads each range with one pread."""
+
+    def __len__(self) -> int: ...
+
+    def read_range(
+        self, start: int, end: int
+    ): ...  # a writable buffer of bytes [start, end), or fewer at EOF
+
+
+class BufferBlob:
+    """A blob already in memory (bytes read from Redis, a test's bytes): ranges are zero-copy views."""
+
+    def __init__(self, buf):
+        self.view = memoryview(buf).cast("B")
+
+    def __len__(self) -> int:
+        return len(self.view)
+
+    def read_range(self, start: int, end: int) -> memoryview:
+        return self.view[start:end]
+
+
+def as_blob(buf) -> Blob:
+    """`buf` as a Blob: a Blob as it is, any buffer (bytes, bytearray, mmap) wrapped."""
+    return buf if hasattr(buf, "read_range") else BufferBlob(buf)
+
+
+def _read(blob: Blob, start: int, end: int):
+    """Bytes [start, end) of the blob, all of them: a short read (a file cut while read) is damage."""
+    raw = blob.read_range(start, end)
+    if len(raw) != end - start:
+        raise Damaged("truncated")
+    return raw
+
+
 def blob_format(buf) -> str | None:
     """The format, "1" or "2", read from the header only; None if unreadable."""
     try:
-        n = header_length(bytes(buf[:8]), len(buf))
-        _, meta = decode_header(bytes(buf[8 : 8 + n]))
+        _, meta, _ = _header(as_blob(buf))
     except Damaged:
         return None
     version = meta.get("version")
     return version if version in ("1", "2") else None
 
 
+def _header(blob: Blob) -> tuple[dict, dict, int]:
+    """(tensor entries, metadata, offset of the data section) of a blob."""
+    if len(blob) < 8:
+        raise Damaged("truncated")
+    n = header_length(bytes(_read(blob, 0, 8)), len(blob))
+    header, meta = decode_header(bytes(_read(blob, 8, 8 + n)))
+    return header, meta, 8 + n
+
+
 def decode(buf, fmt: str | torch.dtype, layers: list[int] | None = None) -> Layers:
     """Per-layer (k, v), each (kv_heads, T, head_dim), for the layer indices asked for (all if None); other
-    entries are None, their bytes neither read nor checked. A cast format gives views over `buf` (a writable
-    buffer that must outlive them), a quantized one new tensors in `decoded_dtype(fmt)`. Raises Damaged for
-    anything that is not a sound blob of the store format `fmt` (a blob of another format included), and
-    IndexError for a layer outside the cache (the caller's error, not damage)."""
+    entries are None, their bytes neither read nor checked. `buf` is a buffer or a Blob (as_blob). From a
+    buffer, a cast format gives views over it (a writable buffer that must outlive them); from a Blob, each
+    tensor has its own buffer, a copy of just its bytes. A quantized format gives new tensors in
+    `decoded_dtype(fmt)`. Raises Damaged for anything that is not a sound blob of the store format `fmt` (a
+    blob of another format included), and IndexError for a layer outside the cache (the caller's error, not
+    damage)."""
     fmt = _format_name(fmt)
-    if len(buf) < 8:
-        raise Damaged("truncated")
-    n = header_length(bytes(buf[:8]), len(buf))
-    header, meta = decode_header(bytes(buf[8 : 8 + n]))
-    data = memoryview(buf)[8 + n :]  # the data section: offsets in the header are relative to it
+    blob = as_blob(buf)
+    header, meta, base = _header(blob)
+    data = _Section(blob, base)  # the data section: offsets in the header are relative to it
     version = meta.get("version")
     if version == "2":
-        return _layers_v2(header, meta, data, 8 + n, fmt, layers)
+        return _layers_v2(header, meta, data, fmt, layers)
     if version == "1":
         if fmt not in DTYPES:
             raise Damaged(f"a format-1 blob is never quantized, the store holds {fmt}")
-        return _layers_v1(header, meta, data, 8 + n, DTYPES[fmt], layers)
+        return _layers_v1(header, meta, data, DTYPES[fmt], layers)
     raise Damaged(f"unknown format version {version!r}")
+
+
+@dataclass(frozen=True)
+class _Section:
+    """The data section of a blob, from byte `base` to the end; offsets are relative to its start."""
+
+    blob: Blob
+    base: int
+
+    def __len__(self) -> int:
+        return len(self.blob) - self.base
+
+    def read(self, start: int, end: int):
+        return _read(self.blob, self.base + start, self.base + end)
 
 
 def header_length(first8: bytes, size: int) -> int:
@@ -270,12 +331,12 @@ class _Entry:
     start: int  # byte offsets relative to the start of the data section
     end: int
 
-    def tensor(self, data: memoryview) -> torch.Tensor:
-        """Zero-copy view of the tensor over `data` (a writable buffer)."""
+    def tensor(self, raw) -> torch.Tensor:
+        """The tensor over `raw`, its own bytes (a writable buffer, read from the data section): no copy."""
         numel = math.prod(self.shape)
         if numel == 0:  # frombuffer refuses an empty count
             return torch.empty(self.shape, dtype=self.dtype)
-        return torch.frombuffer(data, dtype=self.dtype, count=numel, offset=self.start).view(self.shape)
+        return torch.frombuffer(raw, dtype=self.dtype, count=numel).view(self.shape)
 
 
 def _scale_shape(fmt: str, kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -286,7 +347,7 @@ def _scale_shape(fmt: str, kind: str, shape: tuple[int, ...]) -> tuple[int, ...]
     return (h, 1, d) if kind == "ks" else (h, t, 1)  # int8: K per channel, V per token
 
 
-def _layers_v2(header: dict, meta: dict, data: memoryview, base: int, fmt: str, layers) -> Layers:
+def _layers_v2(header: dict, meta: dict, data: _Section, fmt: str, layers) -> Layers:
     quant = meta.get("quant")
     if quant != (fmt if fmt in QUANT else None):
         found = f"quantized as {quant}" if quant else "not quantized"
@@ -314,16 +375,17 @@ def _layers_v2(header: dict, meta: dict, data: memoryview, base: int, fmt: str, 
         t = {}
         for kind in kinds:
             name = f"{kind}.{i}"
-            e = _entry(name, header[name], 3, data, base, SCALE_DTYPE if kind in ("ks", "vs") else dtype)
+            e = _entry(name, header[name], 3, data, SCALE_DTYPE if kind in ("ks", "vs") else dtype)
             if kind in ("k", "v"):
                 shapes.add(e.shape)
                 if len(shapes) > 1 or e.shape[1] != tokens:
                     raise Damaged("tensor shapes differ")
             elif e.shape != _scale_shape(fmt, kind, t["k"].shape):
                 raise Damaged(f"bad shape for {name}")
-            if xxh3(data[e.start : e.end]) != meta.get(f"xxh3.{name}"):
+            raw = data.read(e.start, e.end)
+            if xxh3(raw) != meta.get(f"xxh3.{name}"):
                 raise Damaged(f"hash mismatch in {name}")
-            t[kind] = e.tensor(data)  # (H, T, D), a scale (H, 1|T, 1|D)
+            t[kind] = e.tensor(raw)  # (H, T, D), a scale (H, 1|T, 1|D)
         if quant:
             out[i] = (dequantize(t["k"], t["ks"]), dequantize(t["v"], t["vs"]))
         else:
@@ -331,15 +393,16 @@ def _layers_v2(header: dict, meta: dict, data: memoryview, base: int, fmt: str, 
     return out
 
 
-def _layers_v1(header: dict, meta: dict, data: memoryview, base: int, dtype, layers) -> Layers:
-    if str(zlib.crc32(data)) != meta.get("crc32"):  # the whole data section: format 1 has one checksum
+def _layers_v1(header: dict, meta: dict, data: _Section, dtype, layers) -> Layers:
+    raw = memoryview(data.read(0, len(data)))
+    if str(zlib.crc32(raw)) != meta.get("crc32"):  # the whole data section: format 1 has one checksum
         raise Damaged("checksum mismatch")
     if set(header) != {"k", "v"}:
         raise Damaged("unexpected tensors")
-    ek, ev = (_entry(name, header[name], 4, data, base, dtype) for name in ("k", "v"))
+    ek, ev = (_entry(name, header[name], 4, data, dtype) for name in ("k", "v"))
     if ek.shape != ev.shape or ek.shape[0] < 1:
         raise Damaged("tensor shapes differ")
-    k, v = ek.tensor(data), ev.tensor(data)  # (L, H, T, D)
+    k, v = ek.tensor(raw[ek.start : ek.end]), ev.tensor(raw[ev.start : ev.end])  # (L, H, T, D)
     wanted = set(_wanted(layers, ek.shape[0]))
     return [(k[i], v[i]) if i in wanted else None for i in range(ek.shape[0])]
 
@@ -353,7 +416,7 @@ def _wanted(layers: list[int] | None, n_layers: int) -> list[int]:
     return sorted(set(layers))
 
 
-def _entry(name: str, entry, ndim: int, data: memoryview, base: int, dtype: torch.dtype) -> _Entry:
+def _entry(name: str, entry, ndim: int, data: _Section, dtype: torch.dtype) -> _Entry:
     """The header entry of one tensor, checked: the dtype the store format gives it, shape, offsets inside
     the data section and consistent with the shape, aligned for its dtype."""
     if not isinstance(entry, dict):
@@ -370,6 +433,6 @@ def _entry(name: str, entry, ndim: int, data: memoryview, base: int, dtype: torc
     itemsize = found.itemsize
     if not 0 <= start <= end <= len(data) or end - start != math.prod(shape) * itemsize:
         raise Damaged(f"offsets of {name} out of range")
-    if (base + start) % itemsize:  # safetensors aligns every tensor; torch needs it
+    if (data.base + start) % itemsize:  # safetensors aligns every tensor (torch needs it in a view)
         raise Damaged(f"{name} misaligned")
     return _Entry(name, found, tuple(shape), start, end)

@@ -112,8 +112,8 @@ class KVStore:
         """Per-layer (k, v), each (kv_heads, T, head_dim), for the layer indices asked for (all if None);
         the other entries of the list are None and their bytes are neither read nor checked.
 
-        The tensors are zero-copy views over the blob's buffer (for a file, a private mapping: writable,
-        writes never reach the file), each checked against its hash before it is returned; in a quantized
+        The tensors are views over the bytes read for them (for a file, a copy of just those bytes; for a
+        blob in memory, that memory), each checked against its hash before it is returned; in a quantized
         store they are new tensors, dequantized from checked bytes. Returns None if the blob is missing or
         damaged (a damaged blob is logged and deleted, like `get`). A format-1 blob is checked whole. An index
         outside the cache's layers is the caller's error: IndexError, blob kept."""
