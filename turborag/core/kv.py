@@ -118,8 +118,8 @@ def rotate_into(out: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torc
     """rotate_keys' rotation, written straight into `out` (a view of a cache
     buffer, any dtype): no cast copy of k and no temporaries, which assembly of an 8k context would
     otherwise allocate and copy for every chunk of every layer. k, out (H, t, D); cos, sin (1, D), whose
-    two halves are equal (rotation()), so one product over all of k gives lo cos and hi cos at once (three
-    kernels, not four: 15% less time at 8k context)."""
+    two halves are equal (rotation()), so one product over all of k gives lo cos and hi cos at once: three
+    kernels, not four (an 8k context's keys, warm: 2.6 -> 2.2 ms)."""
     half = k.shape[-1] // 2
     s = sin[..., :half]
     torch.mul(k, cos, out=out)  # (lo cos, hi cos)
