@@ -3,10 +3,10 @@
     python scripts/turbo_gap.py [--context-tokens 2048,8192] [--repeats 15] [--ram-cache-bytes 0]
 
 `bench ttft` alternates turbo with a full prefill and takes the median of 3, which leaves its turbo / floor
-ratio noisy to about +-0.05 (two runs of one commit gave 1.15x and 1.19x at 8k). Here each turbo answer and
-each floor measurement (bench ttft's floor_ttft) follows a sweep over 600 MB, so the chunk caches and the
-weights come from memory, not from the CPU's caches, as after any forward; the medians of --repeats are
-printed with their difference, the time loading costs. Run it on two checkouts, alternating, to compare.
+ratio noisy: at 8k, two commits whose loading costs the same measured 1.15x and 1.19x. Here each turbo
+answer and each floor measurement (bench ttft's floor_ttft) follows a sweep over 600 MB, so the chunk caches
+and the weights come from memory, not from the CPU's caches, as after any forward; the medians of --repeats
+are printed with their difference, the time loading costs. Run it on two checkouts, alternating, to compare.
 Uses the bench store ($TURBORAG_HOME/bench-store; chunks are computed first if missing).
 """
 

@@ -3,6 +3,8 @@ the progress lines are text, not dataclass reprs."""
 
 from __future__ import annotations
 
+import json
+
 import torch
 from conftest import char_tokenizer, make
 from typer.testing import CliRunner
@@ -95,3 +97,25 @@ def test_the_floor_does_the_model_work_turbo_does(tmp_path, monkeypatch):
         cache, next_pos, _, _ = engine.assemble(prompt, "turbo", len(prompt.suffix) + 40)
         logits.append(engine.prefill_question(cache, prompt, next_pos, scored=scored))
     torch.testing.assert_close(logits[0], logits[1], atol=1e-5, rtol=0)
+
+
+def test_cli_reads_turbo_from_the_ram_tier_when_asked(tiny_model_dir, env, monkeypatch):
+    """`--ram-cache-bytes` puts the RAM tier that `serve` holds in front of the bench store: after the
+    warm-up, turbo's reads are RAM-tier hits, and the JSON records the budget."""
+    from turborag.store.tiered import TieredStore
+
+    tiers: list[TieredStore] = []
+    init = TieredStore.__init__
+
+    def spy(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        tiers.append(self)
+
+    monkeypatch.setattr(TieredStore, "__init__", spy)
+    args = ["bench", "ttft", "--model", tiny_model_dir, "--repeats", "1", "--chunk-tokens", "32", "--json"]
+    r = runner.invoke(app, [*args, "--context-tokens", "64", "--ram-cache-bytes", "64M"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout.strip().splitlines()[-1])["ram_cache_bytes"] == 64 << 20
+    assert tiers[-1].ram.max_bytes == 64 << 20 and tiers[-1].ram.stats.hits > 0
+    bad = runner.invoke(app, [*args, "--context-tokens", "64", "--ram-cache-bytes", "lots"])
+    assert bad.exit_code == 2 and "--ram-cache-bytes" in bad.stderr

@@ -81,6 +81,7 @@ QUICK = [  # (args, exit code, what stderr says)
     (["serve", "--store", "{tmp}/nope"], 2, "error: no store at"),
     (["cache", "stats", "--store", "{tmp}/nope"], 2, "error: no store at"),
     (["bench", "ttft", "--context-tokens", "many"], 2, "error: --context-tokens must be"),
+    (["bench", "ttft", "--ram-cache-bytes", "lots"], 2, "error: --ram-cache-bytes"),
     (["keys", "list", "--keys", "{tmp}/nope.json"], 0, ""),  # turborag.serve's light modules alone
     (["calibrate", "{tmp}/nope.jsonl"], 2, "error: no such file"),
 ]
