@@ -3,10 +3,15 @@
     python scripts/turbo_gap.py [--context-tokens 2048,8192] [--repeats 15] [--ram-cache-bytes 0]
 
 `bench ttft` alternates turbo with a full prefill and takes the median of 3, which leaves its turbo / floor
-ratio noisy: at 8k, two commits whose loading costs the same measured 1.15x and 1.19x. Here each turbo
-answer and each floor measurement (bench ttft's floor_ttft) follows a sweep over 600 MB, so the chunk caches
-and the weights come from memory, not from the CPU's caches, as after any forward; the medians of --repeats
-are printed with their difference, the time loading costs. Run it on two checkouts, alternating, to compare.
+ratio noisy: at 8k it gave 1.15x on one commit and 1.18x-1.19x on the next, whose loading this script puts
+at or below the first's. Here each turbo answer and each floor measurement (bench ttft's floor_ttft)
+follows a sweep over 600 MB, so the chunk caches and the weights come from memory, not from the CPU's
+caches, as after any forward; the medians of --repeats are printed with their difference, the time loading
+costs. Its own spread is about +-1.5 ms at 8k: compare checkouts in several runs each, alternating, and run
+it from the checkout's folder so that `turborag` is that checkout's (an editable install otherwise wins):
+
+    cd CHECKOUT && python -c "import runpy; runpy.run_path('PATH/scripts/turbo_gap.py', run_name='__main__')"
+
 Uses the bench store ($TURBORAG_HOME/bench-store; chunks are computed first if missing).
 """
 
