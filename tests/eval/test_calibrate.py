@@ -75,6 +75,7 @@ def test_auto_uses_the_recorded_settings_and_says_when_below_full(gemma_lm, tmp_
     assert engine.resolve_mode("auto") == "turbo-ape"
     assert (engine.ape_temperature, engine.ape_scale) == (0.7, 0.8)
     assert "10% below full" in engine.auto_notice()
+    assert "plain turbo" not in engine.auto_notice() and "too few" not in engine.auto_notice()
     explicit = Engine(gemma_lm, KVStore(tmp_path, cache_format="float32"), EngineOptions(ape_temperature=1.0))
     assert explicit.ape_temperature == 1.0  # an explicit setting wins over the record
 
@@ -113,3 +114,25 @@ def test_a_damaged_record_is_a_clear_error(model_copy):
     (model_copy / CALIBRATION_FILE).write_text("{not json")
     with pytest.raises(ModelError, match="turborag calibrate"):
         load_model(str(model_copy), dtype="float32")
+
+
+def test_auto_says_when_the_pick_is_slow_or_the_calibration_thin(gemma_lm, tmp_path):
+    """The bar for a training-free pick: within 3 points of full and at most 1.5x plain turbo's TTFT, judged
+    on questions full answers enough of. SmolLM2's first calibration (30 questions, full right on 4) picked a
+    mode 23 points above full at 1.55x turbo's TTFT, and `auto` said nothing."""
+    gemma_lm.calibration = {
+        "mode": "turbo-ape-epic",
+        "settings": {},
+        "accuracy": 11 / 30,
+        "full_accuracy": 4 / 30,
+        "n": 30,
+        "ttft_s_p50": 0.150,
+        "turbo_ttft_s_p50": 0.096,
+    }
+    notice = Engine(gemma_lm, KVStore(tmp_path, cache_format="float32")).auto_notice()
+    assert "below full" not in notice
+    assert "1.6x plain turbo's" in notice
+    assert "full answered only 4 of the 30 calibration questions" in notice
+    gemma_lm.calibration.update(full_accuracy=12 / 30, accuracy=12 / 30, ttft_s_p50=0.12)
+    notice = Engine(gemma_lm, KVStore(tmp_path, cache_format="float32")).auto_notice()
+    assert notice == "tiny-gemma3: `auto` answers in turbo-ape-epic, as `turborag calibrate` chose"

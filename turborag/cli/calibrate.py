@@ -69,6 +69,8 @@ def calibrate(
 
 
 def _print(record: dict) -> None:
+    from turborag.core.engine import calibration_warnings  # torch: loaded by the run already
+
     table = Table(title=f"{record['model']}: {record['n']} questions")
     for col in ("mode", "accuracy", "TTFT p50 (s)"):
         table.add_column(col, justify="left" if col == "mode" else "right")
@@ -81,6 +83,8 @@ def _print(record: dict) -> None:
     gap = record["full_accuracy"] - record["accuracy"]
     verdict = "within 3 points of full" if record["within_3_points"] else f"{gap:.1%} below full"
     out.print(f"chosen: {record['label']}, {verdict}")
+    for warning in calibration_warnings(record):
+        out.print(f"note: {warning}")
     if "written" in record:
         where = record["written"]
         out.print(f"recorded in {where}: `--mode auto` now answers in {record['mode']} on this model")

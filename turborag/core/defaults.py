@@ -25,6 +25,12 @@ MODES = (
 # `auto`: turbo on a model with a cache-aware fine-tune; on any other model the training-free mode that
 # measured best (docs/BENCHMARKS.md, "Models nobody tuned"), since plain turbo loses accuracy there.
 UNTUNED_MODE = "turbo-blend"
+# On a model `turborag calibrate` chose a mode for, `auto` says so when that mode was more than 3 points below
+# full on the calibration questions, its TTFT more than 1.5x plain turbo's, or when full answered fewer than
+# 10 of them (too few to compare modes on): the bar issue 36 set for training-free reuse.
+CALIBRATION_WITHIN = 0.03
+CALIBRATION_SLOWER = 1.5
+CALIBRATION_FEW_RIGHT = 10
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 
 

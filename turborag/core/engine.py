@@ -30,7 +30,13 @@ from dataclasses import dataclass, field
 import torch
 
 from turborag.core import ape, grounding, hf_compat, kv, recompute
-from turborag.core.defaults import MODES, UNTUNED_MODE
+from turborag.core.defaults import (
+    CALIBRATION_FEW_RIGHT,
+    CALIBRATION_SLOWER,
+    CALIBRATION_WITHIN,
+    MODES,
+    UNTUNED_MODE,
+)
 from turborag.core.feeds import Feed
 from turborag.core.generate import DecodeState, SamplingParams, eos_ids
 from turborag.core.model import LoadedModel, layer_inv_freq, layer_windows
@@ -106,6 +112,29 @@ def reply_logprob(logits: torch.Tensor, reply: list[int]) -> float:
     logp = logits.float().log_softmax(-1)  # (R, vocab)
     target = torch.tensor(reply, device=logits.device)[:, None]  # (R, 1)
     return logp.gather(1, target).sum().item()
+
+
+def calibration_warnings(record: dict) -> list[str]:
+    """Each way a calibrated mode falls short of the bar (core/defaults.py), from the record's own numbers
+    (eval/calibrate.py): more than 3 points below full, a TTFT above 1.5x plain turbo's, too few questions
+    that full answered."""
+    n = record.get("n", 0)
+    acc, full = record.get("accuracy", 0), record.get("full_accuracy", 0)
+    out = []
+    if full - acc > CALIBRATION_WITHIN:
+        out.append(
+            f"on its {n} calibration questions it is {full - acc:.0%} below full ({acc:.0%} vs {full:.0%}):"
+            " use --mode full where accuracy matters more than time to first token"
+        )
+    ttft, turbo = record.get("ttft_s_p50"), record.get("turbo_ttft_s_p50")
+    if ttft and turbo and ttft > CALIBRATION_SLOWER * turbo:
+        out.append(f"its time to first token there was {ttft / turbo:.1f}x plain turbo's")
+    if round(full * n) < CALIBRATION_FEW_RIGHT:
+        out.append(
+            f"full answered only {round(full * n)} of the {n} calibration questions, too few to compare "
+            "modes on: calibrate again on more of your questions (30-100 that full answers)"
+        )
+    return out
 
 
 class Engine:
@@ -184,14 +213,7 @@ class Engine:
         record = self.lm.calibration
         if record:
             line = f"{self.lm.name}: `auto` answers in {record['mode']}, as `turborag calibrate` chose"
-            gap = record.get("full_accuracy", 0) - record.get("accuracy", 0)
-            if gap > 0.03:
-                line += (
-                    f"; on its {record.get('n', '?')} calibration questions it is {gap:.0%} below full "
-                    f"({record['accuracy']:.0%} vs {record['full_accuracy']:.0%}): use --mode full where "
-                    "accuracy matters more than time to first token"
-                )
-            return line
+            return "; ".join([line, *calibration_warnings(record)])
         return (
             f"{self.lm.name} has no cache-aware fine-tune, so `auto` answers in {UNTUNED_MODE} (recomputes "
             "about 15% of the passage tokens); `turborag calibrate` picks the best training-free mode on "

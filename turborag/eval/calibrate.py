@@ -20,13 +20,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from turborag.core.defaults import CALIBRATION_WITHIN
 from turborag.core.engine import Engine
 from turborag.core.files import write_json
 from turborag.core.model import CALIBRATION_FILE
 from turborag.core.options import TRAINING_FREE_DEFAULTS
 from turborag.eval.evaluate import Example, ModeResult, run_eval
 
-WITHIN = 0.03  # `auto` says so when its mode stays more than this below full
+WITHIN = CALIBRATION_WITHIN  # `auto` says so when its mode stays more than this below full
 
 
 @dataclass(frozen=True)
