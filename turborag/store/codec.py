@@ -207,13 +207,12 @@ def encode(kv: ChunkKV, fmt: str | torch.dtype) -> bytes:
 
 class Blob(Protocol):
     """A blob that is read in ranges, so that decoding copies only what it checks and returns: a file
-    (backends.FileBlob) reads each range with one pread."""
+    (backends.FileBlob) reads each range with one pread. `read_range` gives a writable buffer of bytes
+    [start, end), or fewer where the blob ends before `end`."""
 
     def __len__(self) -> int: ...
 
-    def read_range(
-        self, start: int, end: int
-    ): ...  # a writable buffer of bytes [start, end), or fewer at EOF
+    def read_range(self, start: int, end: int): ...
 
 
 class BufferBlob:
