@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
-from turborag.core.files import write_json
+from turborag.core.files import sha256_file, write_json
 from turborag.train.finetune import TrainConfig
 from turborag_research.mix import build_mix
 from turborag_research.synth import write_jsonl
@@ -238,7 +238,7 @@ def build_data(recipe: Recipe, out_dir: str | Path, say: Callable[[str], None] =
     data = out / "data.jsonl"
     record = _claim(recipe, out)
     if data.is_file():
-        digest = _sha256(data)
+        digest = sha256_file(data)
         if record.get("data", {}).get("sha256", digest) != digest:
             raise ValueError(f"{data} is not the data recipe {recipe.name} built (it was changed since)")
         _check_digest(recipe, data, digest)
@@ -254,7 +254,7 @@ def build_data(recipe: Recipe, out_dir: str | Path, say: Callable[[str], None] =
         check_sources(rows)
         tmp = data.with_name(data.name + ".part")
         write_jsonl(rows, tmp)
-        digest = _sha256(tmp)
+        digest = sha256_file(tmp)
         _check_digest(recipe, tmp, digest)
         os.replace(tmp, data)
         say(f"data: {len(rows)} examples written to {data}")
@@ -331,14 +331,6 @@ def record_answering(recipe: Recipe, out_dir: str | Path) -> None:
         if not path.exists():
             continue
         write_json(path, {**json.loads(path.read_text(encoding="utf-8")), **recipe.answering})
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def train_config(recipe: Recipe, out_dir: str | Path, overrides: dict | None = None) -> TrainConfig:

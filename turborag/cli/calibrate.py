@@ -35,8 +35,9 @@ def calibrate(
     """Answer your questions in full and in every training-free mode; record the best for `--mode auto`."""
     if not data.is_file():  # before the imports below, which load torch
         fail(f"no such file: {data}")
+    from turborag.core.files import sha256_file
     from turborag.eval.calibrate import calibrate as run
-    from turborag.eval.calibrate import check_not_a_benchmark, file_sha256, write_record
+    from turborag.eval.calibrate import check_not_a_benchmark, write_record
     from turborag.eval.evaluate import load_examples
 
     try:
@@ -54,7 +55,7 @@ def calibrate(
         typer.echo(note, err=True)
     say = (lambda _: None) if as_json else (lambda line: typer.echo(line, err=True))
     record = run(engine, examples, max_new_tokens=max_new_tokens, progress=not as_json, say=say)
-    record["data"] = {"path": str(data), "sha256": file_sha256(data)}
+    record["data"] = {"path": str(data), "sha256": sha256_file(data)}
     if write:
         if engine.lm.folder is None:
             fail(f"{model}: no folder to record the calibration in")

@@ -15,7 +15,6 @@ mode chosen on RGB would make RGB's numbers measure the choice, not the model.
 from __future__ import annotations
 
 import datetime
-import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,8 +25,6 @@ from turborag.core.files import write_json
 from turborag.core.model import CALIBRATION_FILE
 from turborag.core.options import TRAINING_FREE_DEFAULTS
 from turborag.eval.evaluate import Example, ModeResult, run_eval
-
-WITHIN = CALIBRATION_WITHIN  # `auto` says so when its mode stays more than this below full
 
 
 @dataclass(frozen=True)
@@ -92,7 +89,7 @@ def calibrate(
         "label": best.label,
         "accuracy": result.accuracy,
         "full_accuracy": full.accuracy,
-        "within_3_points": full.accuracy - result.accuracy <= WITHIN,
+        "within_3_points": full.accuracy - result.accuracy <= CALIBRATION_WITHIN,
         "ttft_s_p50": result.ttft_s_p50,
         "full_ttft_s_p50": full.ttft_s_p50,
         "turbo_ttft_s_p50": turbo.ttft_s_p50 if turbo else None,
@@ -112,10 +109,6 @@ def candidate(engine: Engine, settings: dict) -> Engine:
     if unknown:
         raise ValueError(f"unknown setting {unknown[0]!r}: use {', '.join(TRAINING_FREE_DEFAULTS)}")
     return engine.with_options(**settings)
-
-
-def file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def write_record(folder: Path, record: dict) -> Path:
