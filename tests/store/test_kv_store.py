@@ -340,3 +340,31 @@ def test_cache_verify_counts_formats_and_migrates(tmp_path):
 
     r = runner.invoke(app, ["cache", "verify", "--store", str(root), "--json"])
     assert json.loads(r.stdout)["formats"] == {"1": 0, "2": 4} and "format 1" not in r.stderr
+
+
+def test_get_many_layers_reads_each_key_as_get_layers_does(tmp_path):
+    """Several keys are decoded by reader threads: each result, the counters and the removal of a damaged
+    blob are those of one get_layers call per key, and a caller's bad layer index still raises."""
+    store = KVStore(tmp_path)
+    kvs = {f"{i:02x}" * 32: _kv_layers(seed=i) for i in range(6)}
+    for key, kv in kvs.items():
+        store.put(key, kv)
+    keys = list(kvs)
+    damaged, missing = keys[2], "ee" * 32
+    n, header = _header(store.path(damaged))
+    start, end = header["v.1"]["data_offsets"]
+    _flip(store.path(damaged), 8 + n + start)
+    wanted = {key: [1, 3] for key in keys} | {missing: [0]}
+    got = store.get_many_layers(wanted)
+    assert list(got) == list(wanted)
+    assert got[damaged] is None and got[missing] is None and not store.path(damaged).exists()
+    for key in keys:
+        if key != damaged:
+            assert got[key][0] is None and got[key][2] is None
+            for i in (1, 3):
+                assert torch.equal(got[key][i][0], kvs[key].k[i].half())
+                assert torch.equal(got[key][i][1], kvs[key].v[i].half())
+    assert store.hits == 5 and store.misses == 2
+    with pytest.raises(IndexError):
+        store.get_many_layers({keys[0]: [0], keys[1]: [9]})
+    assert store.path(keys[1]).exists()
