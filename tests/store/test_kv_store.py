@@ -343,8 +343,8 @@ def test_cache_verify_counts_formats_and_migrates(tmp_path):
 
 
 def test_get_many_layers_reads_each_key_as_get_layers_does(tmp_path):
-    """Several keys are decoded by reader threads: each result, the counters and the removal of a damaged
-    blob are those of one get_layers call per key, and a caller's bad layer index still raises."""
+    """Many keys in one call (one get_many from the backend): each result, the counters and the removal of a
+    damaged blob are those of one get_layers call per key, and a caller's bad layer index still raises."""
     store = KVStore(tmp_path)
     kvs = {f"{i:02x}" * 32: _kv_layers(seed=i) for i in range(6)}
     for key, kv in kvs.items():
