@@ -132,6 +132,13 @@ def test_stale_answers_are_answered_again(tmp_path):
     before = g.answers_key(str(adapter), examples, modes)
     (adapter / "adapter_model.safetensors").write_text("other weights")
     assert g.answers_key(str(adapter), examples, modes) != before
+    # answers computed in another dtype are not compared with this dtype's: both sides measured alike
+    fp32, bf16 = g.computed_as(dtype="float32"), g.computed_as(dtype="bfloat16")
+    assert fp32 != bf16 and g.computed_as() in (fp32, bf16)
+    g.answer_sets(_Engine("It is Oslo."), "m", files, out, 2, modes, progress=False, computed=fp32)
+    assert not g.needs_answers("m", files, out, 2, modes, fp32)
+    assert g.needs_answers("m", files, out, 2, modes, bf16)
+    assert g.needs_answers("m", files, out, 2, modes, g.computed_as(dtype="float32", template="plain"))
     # answers stored without a key (before keys existed) count as stale
     key_file = g.predictions_path(out, "m", "realtext-doc", 2).with_name("realtext-doc.n2.key")
     key_file.unlink()

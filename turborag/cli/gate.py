@@ -76,6 +76,7 @@ def gate(
     """Promotion gate: CANDIDATE against --against on every gate set, full and turbo, paired sign tests."""
     from turborag.cli.loading import engine_for
     from turborag.core.engine import check_mode
+    from turborag.core.model import ModelError
     from turborag.eval import gate as g
 
     names = [s.strip() for s in sets.split(",") if s.strip()]
@@ -95,18 +96,22 @@ def gate(
     labels = {candidate: g.model_label(candidate), against: g.model_label(against)}
     if labels[candidate] == labels[against]:
         fail(f"the candidate and --against are the same model ({labels[candidate]})")
+    try:
+        computed = g.computed_as(device, dtype, template)
+    except ModelError as e:
+        fail(str(e))
     answers = {}
     for spec, label in labels.items():  # one model in memory at a time; a model answered before loads not
         engine = (
             engine_for(spec, device, None, template, dtype)
-            if g.needs_answers(spec, files, out, limit, mode_list)
+            if g.needs_answers(spec, files, out, limit, mode_list, computed)
             else None
         )
 
         def say(name: str, label: str = label) -> None:
             typer.echo(f"{label}: answering {name}", err=True)
 
-        answers[spec] = g.answer_sets(engine, spec, files, out, limit, mode_list, not as_json, say)
+        answers[spec] = g.answer_sets(engine, spec, files, out, limit, mode_list, not as_json, say, computed)
         del engine
     rows = []
     for name in names:

@@ -15,8 +15,10 @@ its RGB numbers (which checkpoint to try is decided on our own data before the g
 
 Answers are stored per model and set (`predictions_path`), so a model measured once is reused against every
 other candidate, and a killed gate resumes where it stopped.  Each answer file has a key beside it
-(`answers_key`: the questions asked, the modes and the adapter's files), so a set that was rebuilt or an
-adapter replaced under the same name is answered again instead of compared from stale answers.
+(`answers_key`: the questions asked, the modes, the adapter's files and how the model computed: device,
+dtype and template), so a set that was rebuilt, an adapter replaced under the same name or a gate run in
+another dtype answers again instead of comparing with answers computed otherwise: both sides of a gate are
+always measured the same way.
 """
 
 from __future__ import annotations
@@ -47,11 +49,24 @@ def predictions_path(out: Path, label: str, name: str, limit: int | None) -> Pat
     return out / label / f"{name}.n{limit or 'all'}.pred.jsonl"
 
 
-def answers_key(spec: str, examples: Sequence[Example], modes: Sequence[str]) -> str:
+def computed_as(device: str = "cpu", dtype: str = "auto", template: str = "auto") -> str:
+    """How a model computes its answers, as the answer key records it: the device type, the dtype `auto`
+    resolves to on this machine (bf16 and fp32 answers differ in a few greedy tokens), and the template."""
+    from turborag.core.model import dtype_name, resolve_device, resolve_dtype
+
+    dev = resolve_device(device)
+    return f"{dev.type} {dtype_name(resolve_dtype(dtype, dev))} template={template}"
+
+
+def answers_key(
+    spec: str, examples: Sequence[Example], modes: Sequence[str], computed: str | None = None
+) -> str:
     """What a model's stored answers on a set were made from: the model (an adapter by the digests of its
     files, which carry its threshold and name check; any other model by its spec), the questions with their
-    passages and gold answers, and the modes.  A rebuilt set or a retrained adapter gives another key."""
+    passages and gold answers, the modes, and how the model computed (`computed_as`).  A rebuilt set, a
+    retrained adapter or another dtype gives another key."""
     h = hashlib.sha256()
+    h.update(f"computed {computed or computed_as()}\n".encode())
     adapter = adapter_dir_for(spec)
     if adapter is None:
         h.update(f"model {spec}\n".encode())
@@ -87,6 +102,7 @@ def answer_sets(
     modes: Sequence[str] = GATE_MODES,
     progress: bool = True,
     on_set: Callable[[str], None] | None = None,
+    computed: str | None = None,
 ) -> dict[str, list[dict]]:
     """Every set's answers of one model in `modes`: read if stored under the same key, else answered and
     stored (written to a .partial file and renamed, then the key, so only a finished set counts)."""
@@ -94,7 +110,7 @@ def answer_sets(
     for name, file in files.items():
         path = predictions_path(out, model_label(spec), name, limit)
         examples, _ = load_examples(file, limit)
-        key = answers_key(spec, examples, modes)
+        key = answers_key(spec, examples, modes, computed)
         if not stored(path, key):
             if on_set:
                 on_set(name)
@@ -111,13 +127,18 @@ def answer_sets(
 
 
 def needs_answers(
-    spec: str, files: dict[str, Path], out: Path, limit: int | None, modes: Sequence[str] = GATE_MODES
+    spec: str,
+    files: dict[str, Path],
+    out: Path,
+    limit: int | None,
+    modes: Sequence[str] = GATE_MODES,
+    computed: str | None = None,
 ) -> bool:
     """Whether some set's answers of this model are not stored (or stale), so the model must be loaded."""
     return any(
         not stored(
             predictions_path(out, model_label(spec), name, limit),
-            answers_key(spec, load_examples(file, limit)[0], modes),
+            answers_key(spec, load_examples(file, limit)[0], modes, computed),
         )
         for name, file in files.items()
     )
@@ -222,6 +243,7 @@ __all__ = [
     "GateSet",
     "answer_sets",
     "answers_key",
+    "computed_as",
     "as_json",
     "compare",
     "declined",
