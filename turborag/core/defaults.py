@@ -39,10 +39,14 @@ def turborag_home() -> Path:
     return Path(os.environ.get("TURBORAG_HOME", Path.home() / ".cache" / "turborag"))
 
 
-# The server decodes up to this many running requests together (continuous batching, `serve --max-batch`).
-# 16, not 8: with 32 clients on 2 CPU cores, 16 served more requests/s and a lower TTFT p99 than 8 in fp32
-# and in bf16, turbo-only and mixed with `full`, at a higher inter-token latency (docs/BENCHMARKS.md).
-DEFAULT_MAX_BATCH = 16
+# The server runs up to this many requests together (continuous batching, `serve --max-batch`): prefilling
+# and decoding, so a request waits in the queue only once this many are admitted. 32, not 16: with 32
+# clients on 2 CPU cores (bf16), a quarter of them in `full` mode, a batch of 16 left turbo requests queued
+# behind `full` ones that held their slots through a long prefill (turbo TTFT p99 5.8x the turbo-only
+# load's); at 32 nothing queues, the prefills take turns within the token budget, and the turbo p99 was
+# 1.1-1.6x, with as many requests/s turbo only (docs/BENCHMARKS.md). Each admitted request holds its own
+# assembled cache, so memory grows with it.
+DEFAULT_MAX_BATCH = 32
 # Prompt tokens the server prefills between two decode steps (how long new requests may stall running ones).
 DEFAULT_PREFILL_BUDGET = 2048
 # Tokens one prefill forward takes at most: a longer prompt is prefilled in several forwards, between which a
