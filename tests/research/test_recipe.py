@@ -23,20 +23,28 @@ from turborag.cli import app
 from turborag.core.defaults import BASE_MODEL
 from turborag.core.model import name_check
 from turborag_research.mix import build_mix
-from turborag_research.recipe import build_data, check_sources, load_recipe, parse_recipe, train_config
+from turborag_research.recipe import (
+    available,
+    build_data,
+    check_sources,
+    load_recipe,
+    parse_recipe,
+    train_config,
+)
 
 SHIPPED = "gemma-3-270m-turbo"
 runner = CliRunner()
 
 
-def _raw() -> dict:
-    return json.loads(files("turborag_research").joinpath(f"recipes/{SHIPPED}.json").read_text())
+def _raw(name: str = SHIPPED) -> dict:
+    return json.loads(files("turborag_research").joinpath(f"recipes/{name}.json").read_text())
 
 
-def _small(n: int = 2, model: str = BASE_MODEL, **train_settings) -> dict:
-    """The shipped recipe with every part cut to n examples (the test-only override) and a training of a
-    few steps that the tiny model runs in seconds; the shipped data_sha256 is not its data's, so it goes."""
-    raw = _raw()
+def _small(n: int = 2, model: str = BASE_MODEL, name: str = SHIPPED, **train_settings) -> dict:
+    """A shipped recipe (the default adapter's unless `name` says) with every part cut to n examples (the
+    test-only override) and a training of a few steps that the tiny model runs in seconds; the shipped
+    data_sha256 is not its data's, so it goes."""
+    raw = _raw(name)
     del raw["data_sha256"]
     raw["model"] = model
     raw["data"] = [{**part, "n": n} for part in raw["data"]]
@@ -230,13 +238,14 @@ def _sentences(text: str) -> set[str]:
     return {s for s in re.split(r"(?<=[.!?]) ", text) if len(s) >= 60}
 
 
-def test_recipe_data_has_no_demo_question_and_no_language_reference_text(tmp_path):
-    """The guard: the shipped recipe's data (each part cut to 40) shares no question with the demo and
-    language-reference question sets, and no long sentence with the CPython language reference
+@pytest.mark.parametrize("name", available())
+def test_recipe_data_has_no_demo_question_and_no_language_reference_text(tmp_path, name):
+    """The guard, for every shipped recipe: its data (each part cut to 40) shares no question with the demo
+    and language-reference question sets, and no long sentence with the CPython language reference
     (pydoc_data.topics), the demo corpus or the demo passages; every record is from build_mix's generators."""
     from pydoc_data.topics import topics
 
-    data = build_data(parse_recipe(_small(n=40), "small"), tmp_path)
+    data = build_data(parse_recipe(_small(n=40, name=name), "small"), tmp_path)
     rows = [json.loads(line) for line in data.read_text().splitlines()]
     check_sources(rows)
     assert {r["source"].split(":")[0] for r in rows} == {"synth", "stdlib", "prose"}
