@@ -65,7 +65,10 @@ def serve(
         "1G", "--ram-cache-bytes", help="RAM tier: decoded chunk caches held in memory, LRU (e.g. 2G; 0: off)"
     ),
     max_batch: int = typer.Option(
-        DEFAULT_MAX_BATCH, min=1, help="requests decoded together (continuous batching; 1: one at a time)"
+        DEFAULT_MAX_BATCH,
+        min=1,
+        help="requests run together, prefilling or decoding (continuous batching; 1: one at a time); more "
+        "wait in the queue",
     ),
     prefill_budget: int = typer.Option(
         DEFAULT_PREFILL_BUDGET,
