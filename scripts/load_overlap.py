@@ -44,41 +44,47 @@ def main() -> None:
     engine = Engine(lm, store, EngineOptions(ram_cache_bytes=0))
     sweep = torch.ones(150_000_000)  # 600 MB: more than any CPU cache
     for size in (int(s) for s in args.context_tokens.split(",")):
-        chunks = doc_chunks(engine, size, 512)
-        engine.precompute(chunks)
-        prompt = engine.layout.build(QUESTION, list(chunks))
-        reserve = len(prompt.suffix) + len(engine.scored_reply) + 8
-
-        def load() -> None:
-            engine.assemble(prompt, "turbo", reserve)
-
-        def forward(cache, next_pos) -> None:
-            int(engine.prefill_question(cache, prompt, next_pos, scored=True).argmax())
-
-        floor, loading, both = [], [], []
-        for _ in range(args.repeats):
-            cache, next_pos, _, _ = engine.assemble(prompt, "turbo", reserve)
-            sweep.sum()
-            t = time.perf_counter()
-            forward(cache, next_pos)
-            floor.append(time.perf_counter() - t)
-            sweep.sum()
-            t = time.perf_counter()
-            load()
-            loading.append(time.perf_counter() - t)
-            sweep.sum()
-            loader = threading.Thread(target=load)
-            t = time.perf_counter()
-            loader.start()
-            forward(cache, next_pos)
-            loader.join()
-            both.append(time.perf_counter() - t)
-        f, ld, c = (statistics.median(x) * 1000 for x in (floor, loading, both))
+        f, ld, c = measure(engine, size, args.repeats, sweep)
         print(
             f"{size} context tokens, {args.threads} threads: floor {f:.1f} ms, load {ld:.1f} ms, "
             f"sum {f + ld:.1f} ms, concurrent {c:.1f} ms",
             flush=True,
         )
+
+
+def measure(engine: Engine, size: int, repeats: int, sweep: torch.Tensor) -> tuple[float, float, float]:
+    """Medians in ms of (floor, load, both at once) for a context of `size` tokens."""
+    chunks = doc_chunks(engine, size, 512)
+    engine.precompute(chunks)
+    prompt = engine.layout.build(QUESTION, list(chunks))
+    reserve = len(prompt.suffix) + len(engine.scored_reply) + 8
+
+    def load() -> None:
+        engine.assemble(prompt, "turbo", reserve)
+
+    def forward(cache, next_pos) -> None:
+        int(engine.prefill_question(cache, prompt, next_pos, scored=True).argmax())
+
+    floor, loading, both = [], [], []
+    for _ in range(repeats):
+        cache, next_pos, _, _ = engine.assemble(prompt, "turbo", reserve)
+        sweep.sum()
+        t = time.perf_counter()
+        forward(cache, next_pos)
+        floor.append(time.perf_counter() - t)
+        sweep.sum()
+        t = time.perf_counter()
+        load()
+        loading.append(time.perf_counter() - t)
+        sweep.sum()
+        loader = threading.Thread(target=load)
+        t = time.perf_counter()
+        loader.start()
+        forward(cache, next_pos)
+        loader.join()
+        both.append(time.perf_counter() - t)
+    f, ld, c = (statistics.median(x) * 1000 for x in (floor, loading, both))
+    return f, ld, c
 
 
 if __name__ == "__main__":
