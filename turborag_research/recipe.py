@@ -12,6 +12,11 @@ states a whole run as data (turborag_research/recipes/NAME.json, or any JSON fil
   OPTIONAL_TRAIN_KEYS);
 - `name`, an optional `description`, and an optional `data_sha256`: the sha256 of the data.jsonl the
   recipe builds;
+- or, instead of `data`, `train` and `data_sha256`, `stages`: a list of objects with those three keys (and
+  an optional `about`), trained in order, each stage from the adapter of the one before (the first from
+  the base model). A stage on a narrower mix costs far fewer steps than a run from zero, and each stage
+  can train in its own dtype. Stage k of n trains in OUT/stage-k, the last in OUT itself, so a recipe's
+  adapter is always OUT/adapter;
 - an optional `answering`: the engine settings the trained adapter records in its turborag_finetune.json
   (`name_check`, `abstain_threshold`; ANSWERING_KEYS). They are chosen after training, on held-out sets,
   so they are written when training ends and, like `data_sha256`, left out of the recipe's hash: recording
@@ -55,12 +60,13 @@ from turborag.train.finetune import TrainConfig
 from turborag_research.mix import build_mix
 from turborag_research.synth import write_jsonl
 
-TOP_KEYS = ("name", "description", "model", "data", "train", "data_sha256", "answering")
+TOP_KEYS = ("name", "description", "model", "data", "train", "data_sha256", "stages", "answering")
+STAGE_KEYS = ("about", "data", "train", "data_sha256")  # a stage of `stages` (one-stage recipes: top level)
 # Outside the recipe's hash: what it checks (data_sha256) and what is chosen after training (answering).
 UNHASHED_KEYS = ("data_sha256", "answering")
 # The engine settings an adapter records for serving (core/model.py reads them from turborag_finetune.json).
 ANSWERING_KEYS = ("name_check", "abstain_threshold")
-REQUIRED_KEYS = ("name", "model", "data", "train")
+REQUIRED_KEYS = ("name", "model")
 TRAIN_KEYS = ("steps", "batch", "lr", "warmup", "rank", "save_every", "keep_every", "seed", "dtype")
 # Optional: the trainer's passage truncation (TrainConfig's default when absent; the tests make it short).
 OPTIONAL_TRAIN_KEYS = ("max_passage_tokens",)
@@ -73,20 +79,44 @@ DATA_SOURCES = ("synth", "stdlib", "prose")
 
 
 @dataclass(frozen=True)
-class Recipe:
-    name: str
-    model: str
+class Stage:
+    """One training run of a recipe: its data parts and training settings."""
+
     parts: list[dict]  # build_mix keyword arguments, `about` removed
     train: dict
-    content: dict  # the recipe as loaded, for OUT/recipe.json
-    source: str  # the name or path it was loaded from
-    hash: str  # sha256 of the canonical JSON (sorted keys) less UNHASHED_KEYS: other edits make another
     data_sha256: str | None = None  # the sha256 its data.jsonl must have, when the recipe records it
-    answering: dict | None = None  # settings the adapter records for the engine (ANSWERING_KEYS)
 
     @property
     def examples(self) -> int:
         return sum(part["n"] for part in self.parts)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    name: str
+    model: str
+    stages: list[Stage]  # in training order; one for a recipe without `stages`
+    content: dict  # the recipe as loaded, for OUT/recipe.json
+    source: str  # the name or path it was loaded from
+    hash: str  # sha256 of the canonical JSON (sorted keys) less the data_sha256s and `answering`
+    answering: dict | None = None  # settings the adapter records for the engine (ANSWERING_KEYS)
+
+    # The last stage's (the only one's) data and settings: those of the adapter the recipe makes.
+    @property
+    def parts(self) -> list[dict]:
+        return self.stages[-1].parts
+
+    @property
+    def train(self) -> dict:
+        return self.stages[-1].train
+
+    @property
+    def data_sha256(self) -> str | None:
+        return self.stages[-1].data_sha256
+
+    @property
+    def examples(self) -> int:
+        return self.stages[-1].examples
 
 
 def available() -> list[str]:
@@ -129,12 +159,47 @@ def parse_recipe(obj: object, source: str = "<dict>") -> Recipe:
     for key in ("name", "model"):
         if not isinstance(obj[key], str) or not obj[key]:
             raise ValueError(f"{where}: {key} must be a non-empty string, got {obj[key]!r}")
+    if "stages" in obj:
+        beside = [k for k in ("data", "train", "data_sha256") if k in obj]
+        if beside:
+            raise ValueError(f"{where}: {beside[0]!r} goes inside each stage, not beside 'stages'")
+        if not isinstance(obj["stages"], list) or not obj["stages"]:
+            raise ValueError(f"{where}: stages must be a non-empty list of {{data, train}} objects")
+        stages = []
+        for i, stage in enumerate(obj["stages"], 1):
+            if not isinstance(stage, dict):
+                raise ValueError(f"{where}, stage {i}: must be an object of {', '.join(STAGE_KEYS)}")
+            _known(stage, STAGE_KEYS, f"{where}, stage {i}")
+            stages.append(_stage(stage, f"{where}, stage {i}"))
+    else:
+        stages = [_stage(obj, where)]
+    seeds = [part["seed"] for stage in stages for part in stage.parts]
+    if len(set(seeds)) < len(seeds):
+        raise ValueError(f"{where}: two data parts share a seed; each needs its own (else they draw alike)")
+    answering = _answering(obj["answering"], f"{where}, answering") if "answering" in obj else None
+    stated = {k: v for k, v in obj.items() if k not in UNHASHED_KEYS}
+    if "stages" in stated:
+        stated["stages"] = [{k: v for k, v in st.items() if k not in UNHASHED_KEYS} for st in obj["stages"]]
+    canonical = json.dumps(stated, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return Recipe(
+        name=obj["name"],
+        model=obj["model"],
+        stages=stages,
+        content=obj,
+        source=source,
+        hash=hashlib.sha256(canonical.encode()).hexdigest(),
+        answering=answering,
+    )
+
+
+def _stage(obj: dict, where: str) -> Stage:
+    """A stage's data parts, training settings and data_sha256 (from a stage, or a one-stage recipe)."""
+    for key in ("data", "train"):
+        if key not in obj:
+            raise ValueError(f"{where}: missing key {key!r}")
     if not isinstance(obj["data"], list) or not obj["data"]:
         raise ValueError(f"{where}: data must be a non-empty list of build_mix arguments")
     parts = [_part(part, f"{where}, data part {i}") for i, part in enumerate(obj["data"], 1)]
-    seeds = [part["seed"] for part in parts]
-    if len(set(seeds)) < len(seeds):
-        raise ValueError(f"{where}: two data parts share a seed; each needs its own (else they draw alike)")
     if not isinstance(obj["train"], dict):
         raise ValueError(f"{where}: train must be an object of training settings")
     _known(obj["train"], TRAIN_KEYS + OPTIONAL_TRAIN_KEYS, f"{where}, train")
@@ -147,20 +212,7 @@ def parse_recipe(obj: object, source: str = "<dict>") -> Recipe:
         raise ValueError(
             f"{where}: data_sha256 must be 64 lower-case hex digits (a sha256), got {expected!r}"
         )
-    answering = _answering(obj["answering"], f"{where}, answering") if "answering" in obj else None
-    stated = {k: v for k, v in obj.items() if k not in UNHASHED_KEYS}
-    canonical = json.dumps(stated, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return Recipe(
-        name=obj["name"],
-        model=obj["model"],
-        parts=parts,
-        train=dict(obj["train"]),
-        content=obj,
-        source=source,
-        hash=hashlib.sha256(canonical.encode()).hexdigest(),
-        data_sha256=expected,
-        answering=answering,
-    )
+    return Stage(parts=parts, train=dict(obj["train"]), data_sha256=expected)
 
 
 def _answering(obj: object, where: str) -> dict:
@@ -224,44 +276,60 @@ def _check_train(train: dict, where: str) -> None:
 # the run's folder: OUT/recipe.json, OUT/data.jsonl
 
 
-def build_data(recipe: Recipe, out_dir: str | Path, say: Callable[[str], None] = lambda _: None) -> Path:
-    """OUT/data.jsonl for the recipe, built once: a rerun finds it and checks that it is this recipe's.
+def stage_dir(recipe: Recipe, out_dir: str | Path, stage: int) -> Path:
+    """Where stage `stage` (1-based) trains: OUT/stage-k for all but the last, OUT itself for the last."""
+    out = Path(out_dir)
+    return out if stage == len(recipe.stages) else out / f"stage-{stage}"
+
+
+def build_data(
+    recipe: Recipe, out_dir: str | Path, say: Callable[[str], None] = lambda _: None, stage: int | None = None
+) -> Path:
+    """The data.jsonl of one stage (the last by default) in its folder (stage_dir), built once: a rerun finds
+    it and checks that it is this recipe's.
 
     OUT/recipe.json is written first (the recipe, its hash), so that a folder holding data or checkpoints
     always says which recipe made them; the data is written to data.jsonl.part and renamed, so a killed
     build leaves no half file, and its sha256 is recorded, so an edited data.jsonl is noticed. When the
-    recipe records `data_sha256`, data whose hash differs (built now or found) is moved to
+    stage records `data_sha256`, data whose hash differs (built now or found) is moved to
     data.jsonl.mismatch and a ValueError names both hashes: nothing trains on data the recipe did not state.
     """
+    k = len(recipe.stages) if stage is None else stage
+    current = recipe.stages[k - 1]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    data = out / "data.jsonl"
     record = _claim(recipe, out)
+    folder = stage_dir(recipe, out, k)
+    folder.mkdir(exist_ok=True)
+    data = folder / "data.jsonl"
+    entry = "data" if k == len(recipe.stages) else f"data of stage {k}"
     if data.is_file():
         digest = sha256_file(data)
-        if record.get("data", {}).get("sha256", digest) != digest:
+        if record.get(entry, {}).get("sha256", digest) != digest:
             raise ValueError(f"{data} is not the data recipe {recipe.name} built (it was changed since)")
-        _check_digest(recipe, data, digest)
+        _check_digest(recipe, current, data, digest)
         say(f"data: {data} was built before, not rebuilt")
     else:
         rows = []
-        for i, part in enumerate(recipe.parts, 1):
-            say(f"building data: part {i} of {len(recipe.parts)}, {part['n']} examples (seed {part['seed']})")
+        parts = current.parts
+        for i, part in enumerate(parts, 1):
+            say(f"building data: part {i} of {len(parts)}, {part['n']} examples (seed {part['seed']})")
             try:
                 rows += build_mix(**part)
             except ValueError as e:
-                raise ValueError(f"recipe {recipe.source}, data part {i}: {e}") from None
+                where = f", stage {k}" if len(recipe.stages) > 1 else ""
+                raise ValueError(f"recipe {recipe.source}{where}, data part {i}: {e}") from None
         check_sources(rows)
         tmp = data.with_name(data.name + ".part")
         write_jsonl(rows, tmp)
         digest = sha256_file(tmp)
-        _check_digest(recipe, tmp, digest)
+        _check_digest(recipe, current, tmp, digest)
         os.replace(tmp, data)
         say(f"data: {len(rows)} examples written to {data}")
-    if recipe.data_sha256 is not None:
+    if current.data_sha256 is not None:
         say(f"data: sha256 {digest}, the one the recipe records")
     with data.open(encoding="utf-8") as f:
-        record["data"] = {"examples": sum(1 for line in f if line.strip()), "sha256": digest}
+        record[entry] = {"examples": sum(1 for line in f if line.strip()), "sha256": digest}
     write_json(out / "recipe.json", record)
     return data
 
@@ -269,16 +337,17 @@ def build_data(recipe: Recipe, out_dir: str | Path, say: Callable[[str], None] =
 MISMATCH = "data.jsonl.mismatch"  # where data that does not hash to the recipe's data_sha256 is kept
 
 
-def _check_digest(recipe: Recipe, path: Path, digest: str) -> None:
-    """Nothing when the recipe records no data_sha256 or `digest` is it; else move the file to
-    OUT/data.jsonl.mismatch (kept, to compare with good data) and raise a ValueError naming both hashes."""
-    if recipe.data_sha256 is None or digest == recipe.data_sha256:
+def _check_digest(recipe: Recipe, stage: Stage, path: Path, digest: str) -> None:
+    """Nothing when the stage records no data_sha256 or `digest` is it; else move the file to
+    data.jsonl.mismatch beside it (kept, to compare with good data) and raise a ValueError naming both
+    hashes."""
+    if stage.data_sha256 is None or digest == stage.data_sha256:
         return
     kept = path.with_name(MISMATCH)
     os.replace(path, kept)
     raise ValueError(
         f"recipe {recipe.name}: its data does not reproduce: the data built has sha256 {digest}, the recipe "
-        f"records data_sha256 {recipe.data_sha256}. The generators (or the Python version, whose docstrings "
+        f"records data_sha256 {stage.data_sha256}. The generators (or the Python version, whose docstrings "
         f"the stdlib parts read) changed since the recipe was recorded; the data is kept as {kept} (not "
         "trained on). Fix the generators, or record the new hash in the recipe and train in a new --out."
     )
@@ -295,7 +364,7 @@ def check_sources(rows: list[dict]) -> None:
 def _claim(recipe: Recipe, out: Path) -> dict:
     """OUT's record of its recipe; a folder that holds data or checkpoints of another run is an error."""
     path = out / "recipe.json"
-    started = (out / "data.jsonl").exists() or (out / "latest").exists()
+    started = any((out / name).exists() for name in ("data.jsonl", "latest", "stage-1"))
     if path.is_file():
         record = json.loads(path.read_text(encoding="utf-8"))
         if record.get("hash") == recipe.hash:
@@ -333,20 +402,26 @@ def record_answering(recipe: Recipe, out_dir: str | Path) -> None:
         write_json(path, {**json.loads(path.read_text(encoding="utf-8")), **recipe.answering})
 
 
-def train_config(recipe: Recipe, out_dir: str | Path, overrides: dict | None = None) -> TrainConfig:
-    """The TrainConfig of the recipe's run: from its base model (no --init-adapter), on OUT/data.jsonl,
-    with the recipe's settings under `overrides` (keys of OVERRIDE_KEYS). `dtype` may be "auto": the
-    caller resolves it for its device, as `turborag finetune` does for its own --dtype."""
+def train_config(
+    recipe: Recipe, out_dir: str | Path, overrides: dict | None = None, stage: int | None = None
+) -> TrainConfig:
+    """The TrainConfig of one stage of the recipe's run (the last by default), in its folder (stage_dir), on
+    its data.jsonl: the first stage from the base model, each later one from the adapter of the stage before,
+    with the stage's settings under `overrides` (keys of OVERRIDE_KEYS; they apply to every stage). `dtype`
+    may be "auto": the caller resolves it for its device, as `turborag finetune` does for its own --dtype."""
     overrides = overrides or {}
     unknown = [k for k in overrides if k not in OVERRIDE_KEYS]
     if unknown:
         raise ValueError(f"a recipe's run cannot override {unknown[0]!r} (only {', '.join(OVERRIDE_KEYS)})")
-    settings = {"model": recipe.model, **recipe.train, **overrides}
+    k = len(recipe.stages) if stage is None else stage
+    settings = {"model": recipe.model, **recipe.stages[k - 1].train, **overrides}
     _check_train(settings, f"recipe {recipe.source} with overrides")
+    folder = stage_dir(recipe, out_dir, k)
     return TrainConfig(
-        data=str(Path(out_dir) / "data.jsonl"),
-        out=str(out_dir),
+        data=str(folder / "data.jsonl"),
+        out=str(folder),
         alpha=2 * settings["rank"],
+        init_adapter=str(stage_dir(recipe, out_dir, k - 1) / "adapter") if k > 1 else None,
         recipe=recipe.name,
         recipe_hash=recipe.hash,
         **settings,

@@ -43,16 +43,17 @@ def _raw(name: str = SHIPPED) -> dict:
 def _small(n: int = 2, model: str = BASE_MODEL, name: str = SHIPPED, **train_settings) -> dict:
     """A shipped recipe (the default adapter's unless `name` says) with every part cut to n examples (the
     test-only override) and a training of a few steps that the tiny model runs in seconds; the shipped
-    data_sha256 is not its data's, so it goes."""
+    data_sha256 is not its data's, so it goes. A recipe in stages gets that cut in every stage."""
     raw = _raw(name)
-    del raw["data_sha256"]
     raw["model"] = model
-    raw["data"] = [{**part, "n": n} for part in raw["data"]]
-    raw["train"] = dict(
-        steps=2, batch=1, lr=1e-3, warmup=1, rank=4, save_every=1, keep_every=0, seed=0, dtype="float32"
-    )
-    raw["train"]["max_passage_tokens"] = 16  # up to 32 passages an example: short ones keep a step fast
-    raw["train"].update(train_settings)
+    for stage in raw.get("stages", [raw]):
+        stage.pop("data_sha256", None)
+        stage["data"] = [{**part, "n": n} for part in stage["data"]]
+        stage["train"] = dict(
+            steps=2, batch=1, lr=1e-3, warmup=1, rank=4, save_every=1, keep_every=0, seed=0, dtype="float32"
+        )
+        stage["train"]["max_passage_tokens"] = 16  # up to 32 passages an example: short ones keep a step fast
+        stage["train"].update(train_settings)
     return raw
 
 
@@ -245,8 +246,9 @@ def test_recipe_data_has_no_demo_question_and_no_language_reference_text(tmp_pat
     (pydoc_data.topics), the demo corpus or the demo passages; every record is from build_mix's generators."""
     from pydoc_data.topics import topics
 
-    data = build_data(parse_recipe(_small(n=40, name=name), "small"), tmp_path)
-    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    r = parse_recipe(_small(n=40, name=name), "small")
+    built = [build_data(r, tmp_path, stage=k) for k in range(1, len(r.stages) + 1)]
+    rows = [json.loads(line) for data in built for line in data.read_text().splitlines()]
     check_sources(rows)
     assert {r["source"].split(":")[0] for r in rows} == {"synth", "stdlib", "prose"}
 
@@ -351,3 +353,104 @@ def test_cli_recipe_whose_data_does_not_reproduce_fails_before_training(tmp_path
     assert f"records data_sha256 {'0' * 64}" in r.stderr
     assert (out / "data.jsonl.mismatch").is_file() and not (out / "data.jsonl").exists()
     assert not (out / "latest").exists() and not (out / "log.jsonl").exists()  # nothing trained
+
+
+# ---------------------------------------------------------------------------------------------------------
+# recipes in stages
+
+
+def _staged(model: str = BASE_MODEL) -> dict:
+    """A two-stage recipe: the small shipped recipe as stage 1, then a stage on one more part of its own."""
+    one = _small(model=model)
+    second = {
+        "about": "a narrower mix, from stage 1's adapter",
+        "data": [{**one["data"][0], "seed": 999}],
+        "train": {**one["train"], "steps": 2, "lr": 5e-4},
+    }
+    first = {"data": one.pop("data"), "train": one.pop("train")}
+    return {**one, "stages": [first, second]}
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda r: r.update(data=[]), "'data' goes inside each stage, not beside 'stages'"),
+        (lambda r: r.update(data_sha256="0" * 64), "'data_sha256' goes inside each stage"),
+        (lambda r: r.update(stages=[]), "stages must be a non-empty list"),
+        (lambda r: r["stages"].append("x"), "stage 3: must be an object of"),
+        (lambda r: r["stages"][1].update(colour="red"), "stage 2: unknown key 'colour'"),
+        (lambda r: r["stages"][1].pop("train"), "stage 2: missing key 'train'"),
+        (lambda r: r["stages"][0]["train"].pop("rank"), "stage 1, train: missing key 'rank'"),
+        (lambda r: r["stages"][1]["data"][0].update(seed=101), "share a seed"),
+        (lambda r: r["stages"][1].update(data_sha256="F"), "stage 2: data_sha256 must be 64 lower-case"),
+    ],
+)
+def test_invalid_stages_are_refused_with_the_stage_named(edit, message):
+    raw = _staged()
+    edit(raw)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_recipe(raw, "test")
+
+
+def test_stages_train_in_order_from_the_adapter_before(tmp_path):
+    raw = _staged()
+    r = parse_recipe(raw, "staged")
+    assert len(r.stages) == 2 and r.parts == r.stages[1].parts and r.train["lr"] == 5e-4
+    first, last = train_config(r, tmp_path, stage=1), train_config(r, tmp_path)
+    assert (first.out, first.init_adapter) == (str(tmp_path / "stage-1"), None)
+    assert (last.out, last.init_adapter) == (str(tmp_path), str(tmp_path / "stage-1" / "adapter"))
+    assert last.data == str(tmp_path / "data.jsonl") and last.lr == 5e-4 and first.lr == 1e-3
+    assert train_config(r, tmp_path, {"steps": 7}, stage=1).steps == 7  # an override is every stage's
+    # the data_sha256 a stage records is left out of the hash, like a one-stage recipe's
+    raw["stages"][1]["data_sha256"] = "0" * 64
+    assert parse_recipe(raw, "recorded").hash == r.hash
+    raw["stages"][1]["train"]["lr"] = 1e-4
+    assert parse_recipe(raw, "other").hash != r.hash
+
+
+def test_cli_staged_recipe_resumes_in_the_stage_it_stopped(tmp_path, tiny_model_dir, monkeypatch):
+    """Killed after stage 2's first checkpoint, the same command skips stage 1 (done) and resumes stage 2
+    from its checkpoint; stage 2 starts from stage 1's adapter; the recipe's adapter is OUT/adapter."""
+    monkeypatch.setenv("TURBORAG_HOME", str(tmp_path / "home"))
+    path = tmp_path / "staged.json"
+    path.write_text(json.dumps(_staged(model=tiny_model_dir)))
+    out = tmp_path / "run"
+    args = ["finetune", "--recipe", str(path), "--out", str(out)]
+
+    class Killed(Exception):
+        pass
+
+    real_save, real_init = train.save_checkpoint, train.load_adapter_weights
+    inits = []
+
+    def save_then_die(out_dir, step, *a, **k):
+        real_save(out_dir, step, *a, **k)
+        if Path(out_dir) == out:  # stage 2 trains in OUT itself
+            raise Killed
+
+    def init(model, adapter, rank):
+        inits.append(Path(adapter))
+        real_init(model, adapter, rank)
+
+    monkeypatch.setattr(train, "save_checkpoint", save_then_die)
+    monkeypatch.setattr(train, "load_adapter_weights", init)
+    first = runner.invoke(app, args)
+    assert isinstance(first.exception, Killed), first.output
+    assert "stage 1 of 2: building data: part 1 of 3" in first.output
+    assert "stage 2 of 2: building data: part 1 of 1" in first.output
+    assert inits == [out / "stage-1" / "adapter"]
+    assert (out / "stage-1" / "adapter" / "adapter_model.safetensors").is_file()
+
+    monkeypatch.setattr(train, "save_checkpoint", real_save)
+    _refuse_to_build(monkeypatch)
+    second = runner.invoke(app, args)
+    assert second.exit_code == 0, second.output
+    assert "stage 1 of 2: trained before" in second.output
+    assert "stage 2 of 2: training: step 1 of 2 (resuming" in second.output
+    assert inits == [out / "stage-1" / "adapter"] * 2
+    steps = [json.loads(line)["step"] for line in (out / "log.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
+    meta = json.loads((out / "adapter" / "turborag_finetune.json").read_text())
+    assert meta["init_adapter"] == str(out / "stage-1" / "adapter") and meta["name_check"] is True
+    record = json.loads((out / "recipe.json").read_text())
+    assert record["data"]["examples"] == 2 and record["data of stage 1"]["examples"] == 6

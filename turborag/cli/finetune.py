@@ -4,6 +4,7 @@ the --recipe branch, when it runs)."""
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import typer
@@ -50,68 +51,93 @@ def finetune(
 ) -> None:
     """Cache-aware fine-tune: trains through the serving path (independent chunks, reordered positions).
 
-    With --recipe the same command builds OUT/data.jsonl first and, run again, resumes where it stopped."""
-    from turborag.core.model import ModelError, load_model
-    from turborag.train.finetune import TrainConfig, resume_step
-    from turborag.train.finetune import finetune as run
+    With --recipe the same command builds OUT/data.jsonl first (each stage's, for a recipe in stages) and,
+    run again, resumes where it stopped."""
+    from turborag.train.finetune import TrainConfig
 
     if (data is None) == (recipe is None):
         fail("give exactly one of --data FILE (training JSONL) and --recipe NAME_OR_PATH (builds its data)")
-    rec, overrides = None, {}
     if recipe is not None:
         if init_adapter is not None:
             fail("--recipe trains from its base model: it does not go with --init-adapter")
-        rec, cfg, overrides = _recipe_config(ctx, recipe, out)
-    else:
-        if not data.is_file():
-            fail(f"no such file: {data}")
-        cfg = TrainConfig(
-            data=str(data),
-            out=str(out),
-            model=model,
-            lora=lora,
-            causal=causal,
-            positions=positions,
-            steps=steps,
-            batch=batch,
-            lr=lr or (2e-4 if lora else 2e-5),
-            rank=rank,
-            alpha=2 * rank,
-            save_every=save_every,
-            seed=seed,
-            template=template,
-            dtype=dtype,
-            keep_every=keep_every,
-            init_adapter=str(init_adapter) if init_adapter else None,
-            warmup=warmup,
-        )
-    torch_dtype = _checked(cfg, device)
-    if rec is not None:
-        from turborag_research import recipe as recipes
-
-        def say(line: str) -> None:
-            typer.echo(f"recipe {rec.name}: {line}", err=True)
-
-        try:
-            recipes.build_data(rec, out, say)
-        except ValueError as e:
-            fail(str(e))
-        recipes.record_overrides(out, overrides)
-        start = resume_step(out)
-        say(f"training: step {start} of {cfg.steps}" + (" (resuming from the checkpoint)" if start else ""))
-    try:
-        lm = load_model(cfg.model, device, torch_dtype)
-        dest = run(lm, cfg)
-    except (ModelError, ValueError) as e:
-        fail(str(e))
-    if rec is not None:
-        recipes.record_answering(rec, out)
+        _run_recipe(ctx, recipe, out, device)
+        return
+    if not data.is_file():
+        fail(f"no such file: {data}")
+    cfg = TrainConfig(
+        data=str(data),
+        out=str(out),
+        model=model,
+        lora=lora,
+        causal=causal,
+        positions=positions,
+        steps=steps,
+        batch=batch,
+        lr=lr or (2e-4 if lora else 2e-5),
+        rank=rank,
+        alpha=2 * rank,
+        save_every=save_every,
+        seed=seed,
+        template=template,
+        dtype=dtype,
+        keep_every=keep_every,
+        init_adapter=str(init_adapter) if init_adapter else None,
+        warmup=warmup,
+    )
+    dest = _train(cfg, device)
     typer.echo(f"fine-tuned model written to {dest} (use it with --model {dest})", err=True)
 
 
-def _recipe_config(ctx: typer.Context, recipe: str, out: Path):
-    """(recipe, training config, overrides) of `--recipe`: only options typed on the command line override
-    the recipe, not this command's defaults (told apart by the source's name: typer may bring its own copy
+def _train(cfg, device: str) -> Path:
+    """Load the model and run (or resume) one training; a bad model or setting is a clean failure."""
+    from turborag.core.model import ModelError, load_model
+    from turborag.train.finetune import finetune as run
+
+    torch_dtype = _checked(cfg, device)
+    try:
+        return run(load_model(cfg.model, device, torch_dtype), cfg)
+    except (ModelError, ValueError) as e:
+        fail(str(e))
+
+
+def _run_recipe(ctx: typer.Context, recipe: str, out: Path, device: str) -> None:
+    """Build each stage's data and train it, in order; run again, skip the stages that are done and resume
+    the one that was stopped. Each stage loads the base model afresh (LoRA wraps it in place)."""
+    from turborag.train.finetune import resume_step
+    from turborag_research import recipe as recipes
+
+    rec, overrides = _recipe_config(ctx, recipe)
+    n = len(rec.stages)
+    for k in range(1, n + 1):
+
+        def say(line: str, k: int = k) -> None:
+            typer.echo(f"recipe {rec.name}: " + (f"stage {k} of {n}: " if n > 1 else "") + line, err=True)
+
+        try:
+            cfg = recipes.train_config(rec, out, overrides, stage=k)
+        except ValueError as e:
+            fail(str(e))
+        _checked(cfg, device)  # a setting that cannot train fails before any data is built
+        folder = Path(cfg.out)
+        if k < n and resume_step(folder) == cfg.steps and (folder / "adapter").is_dir():
+            say(f"trained before ({folder / 'adapter'}), not trained again")
+            continue
+        try:
+            recipes.build_data(rec, out, say, stage=k)
+        except ValueError as e:
+            fail(str(e))
+        recipes.record_overrides(out, overrides)
+        start = resume_step(folder)
+        say(f"training: step {start} of {cfg.steps}" + (" (resuming from the checkpoint)" if start else ""))
+        dest = _train(cfg, device)
+        gc.collect()  # the stage's model, before the next one loads
+    recipes.record_answering(rec, out)
+    typer.echo(f"fine-tuned model written to {dest} (use it with --model {dest})", err=True)
+
+
+def _recipe_config(ctx: typer.Context, recipe: str):
+    """(recipe, overrides) of `--recipe`: only options typed on the command line override the recipe (every
+    stage of it), not this command's defaults (told apart by the source's name: typer may bring its own copy
     of click and of its ParameterSource enum)."""
     from turborag_research import recipe as recipes
 
@@ -121,8 +147,7 @@ def _recipe_config(ctx: typer.Context, recipe: str, out: Path):
         if getattr(ctx.get_parameter_source(k), "name", None) == "COMMANDLINE"
     }
     try:
-        rec = recipes.load_recipe(recipe)
-        return rec, recipes.train_config(rec, out, overrides), overrides
+        return recipes.load_recipe(recipe), overrides
     except ValueError as e:
         fail(str(e))
 
