@@ -193,3 +193,17 @@ def test_passage_memo_is_safe_across_threads(gemma_lm, monkeypatch):
     finally:
         sys.setswitchinterval(interval)
     assert not errors, errors[:1]
+
+
+def test_keys_are_memoized_per_engine_and_stay_its_own(gemma_lm, tmp_path):
+    """engine.key remembers keys by token ids; an engine over another cache format keeps its own keys."""
+    from turborag.store.kv_store import cache_key
+
+    fp32 = Engine(gemma_lm, KVStore(tmp_path / "a", cache_format="float32"))
+    fp16 = Engine(gemma_lm, KVStore(tmp_path / "b", cache_format="float16"))
+    ids = fp32.layout.chunk_ids(PASSAGES[0])
+    for engine, fmt in ((fp32, "float32"), (fp16, "float16"), (fp32, "float32")):
+        want = cache_key(gemma_lm.fingerprint, engine.prefix_ids, ids, fmt)
+        assert engine.key(ids) == engine.key(tuple(ids)) == want
+    assert fp32.key(ids) != fp16.key(ids) and fp32.key(ids[:-1]) != fp32.key(ids)
+    assert fp32._keys.cache_info().hits >= 3
