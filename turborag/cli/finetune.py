@@ -84,16 +84,16 @@ def finetune(
         init_adapter=str(init_adapter) if init_adapter else None,
         warmup=warmup,
     )
-    dest = _train(cfg, device)
+    dest = _train(cfg, device, _checked(cfg, device))
     typer.echo(f"fine-tuned model written to {dest} (use it with --model {dest})", err=True)
 
 
-def _train(cfg, device: str) -> Path:
-    """Load the model and run (or resume) one training; a bad model or setting is a clean failure."""
+def _train(cfg, device: str, torch_dtype) -> Path:
+    """Load the model in `torch_dtype` (from `_checked`) and run (or resume) one training; a bad model or
+    setting is a clean failure."""
     from turborag.core.model import ModelError, load_model
     from turborag.train.finetune import finetune as run
 
-    torch_dtype = _checked(cfg, device)
     try:
         return run(load_model(cfg.model, device, torch_dtype), cfg)
     except (ModelError, ValueError) as e:
@@ -117,7 +117,7 @@ def _run_recipe(ctx: typer.Context, recipe: str, out: Path, device: str) -> None
             cfg = recipes.train_config(rec, out, overrides, stage=k)
         except ValueError as e:
             fail(str(e))
-        _checked(cfg, device)  # a setting that cannot train fails before any data is built
+        torch_dtype = _checked(cfg, device)  # a setting that cannot train fails before data is built
         folder = Path(cfg.out)
         if k < n and resume_step(folder) == cfg.steps and (folder / "adapter").is_dir():
             say(f"trained before ({folder / 'adapter'}), not trained again")
@@ -129,7 +129,7 @@ def _run_recipe(ctx: typer.Context, recipe: str, out: Path, device: str) -> None
         recipes.record_overrides(out, overrides)
         start = resume_step(folder)
         say(f"training: step {start} of {cfg.steps}" + (" (resuming from the checkpoint)" if start else ""))
-        dest = _train(cfg, device)
+        dest = _train(cfg, device, torch_dtype)
         gc.collect()  # the stage's model, before the next one loads
     recipes.record_answering(rec, out)
     typer.echo(f"fine-tuned model written to {dest} (use it with --model {dest})", err=True)
