@@ -22,7 +22,11 @@ its own kind of question but left three gaps, each closed here by a part of the 
 - documentation layout: by default half the real-text records are re-rendered as documentation pages
   (docstyle.py: a title, paragraphs, lines wrapped at 70 columns, questions without backticks), answerable
   and unanswerable alike, so that the layout of a passage is no cue for abstaining.  Without it the second
-  fine-tune abstained on every demo question, whose passages are wrapped Markdown.
+  fine-tune abstained on every demo question, whose passages are wrapped Markdown;
+- topic: with `topical` a share of the unanswerable questions keep the answering passage stripped of its
+  answer (topical.py), so the passages still name the entity and say other things about it.  Every other
+  unanswerable question lacks the asked entity altogether, and the adapters trained on them declined
+  97-98% of those but only 19-39% of RGB's en_none, whose passages are on the asked topic.
 
 Synthetic targets are the bare value by default (`synth_answers="value"`).  The first long run trained on
 the fact sentence instead (`"sentence"`): on held-out domains that model often answered with another
@@ -60,6 +64,7 @@ from turborag_research.families import FAMILY_SETS
 from turborag_research.prose import generate_prose, without_answer
 from turborag_research.realtext import generate_realtext
 from turborag_research.synth import DOMAINS, generate
+from turborag_research.topical import topical_twin
 
 HELD_OUT_DOMAINS: tuple[str, ...] = ("film", "astronomy")
 TRAIN_DOMAINS: tuple[str, ...] = tuple(d for d in DOMAINS if d not in HELD_OUT_DOMAINS)
@@ -69,6 +74,16 @@ DOC_STYLE = 0.5  # share of real-text records rendered as documentation pages
 PROSE = 0.0  # share of the answerable (and of the unanswerable) records asked in plain English (prose.py)
 PAIRED = 0.0  # share of the unanswerable records that are twins of answerable ones (0: all independent)
 SYNTH_UNANSWERABLE = 0.5  # share of the unanswerable records (less the plain-English ones) that are synthetic
+TOPICAL = 0.0  # share of the unanswerable records that keep the answering passage minus its answer
+# The kind of topical record each unanswerable part becomes: stdlib real text through prose.py, whose
+# answers are the sentence itself (realtext.py's default-value answers such as "0" are restated as
+# "defaults to os.SEEK_SET", which no answer string matches, so its stripped passages would still answer).
+_TOPICAL_OF = {
+    "synth-unanswerable": "synth-topical",
+    "realtext-unanswerable": "prose-topical",
+    "prose-unanswerable": "prose-topical",
+}
+_MAX_TOPICAL_TRIES = 100
 SYNTH_ANSWERS = ("value", "sentence")
 LONG_SHARE = 0.6
 LONG_CONTEXTS = (8, 32)
@@ -94,6 +109,8 @@ def _one(
 
     The documentation layout is drawn from a generator of its own seeded by the record's, so doc_style
     changes the layout of a record and nothing else."""
+    if part.endswith("-topical"):
+        return _topical(part.removesuffix("-topical"), contexts, seed, doc_style, families)
     if part == "synth":
         sentences = synth_answers == "sentence"
         record = generate(
@@ -112,6 +129,25 @@ def _one(
     return as_document(record, style) if style.random() < doc_style else record
 
 
+def _topical(kind: str, contexts: int, seed: int, doc_style: float, families: str) -> dict:
+    """A topical unanswerable record (topical.py) of a kind, "synth" or "prose": the twin of the answerable
+    record of the first seed from `seed` on whose answering passage strips cleanly (about 19 in 20 prose
+    records do, every synthetic one), laid out as the answerable records of its kind are."""
+    for s in range(seed, seed + _MAX_TOPICAL_TRIES):
+        if kind == "synth":
+            record = generate(1, contexts, s, TRAIN_DOMAINS, hard=True, families=families)[0]
+        else:
+            record = generate_prose(1, contexts, s, split="train")[0]
+        if (stripped := topical_twin(record)) is not None:
+            break
+    else:
+        raise RuntimeError(f"no {kind} record from seed {seed} on could be stripped of its answer")
+    if kind == "synth":
+        return _synth(stripped)
+    style = random.Random(seed ^ 0xD0C5)
+    return as_document(stripped, style) if style.random() < doc_style else stripped
+
+
 def twin(record: dict) -> dict:
     """The unanswerable twin of an answerable record: the same question over the same passages, in the same
     order and layout, without the one that answers it; the target is the abstention."""
@@ -127,7 +163,7 @@ def _pair(records: list[dict], paired: float, seed: int) -> list[dict]:
     records of the same source (synthetic or real text) with at least two passages, each twinned once.
     Drawn from a generator of its own, so the twins change nothing else of the mix."""
     rng = random.Random(seed ^ 0x7A12)
-    slots = [i for i, r in enumerate(records) if not r["answerable"]]
+    slots = [i for i, r in enumerate(records) if not r["answerable"] and not r.get("topical")]
     slots = sorted(rng.sample(slots, round(len(slots) * paired)))
     pool: dict[str, list[int]] = {}
     for i, r in enumerate(records):
@@ -153,6 +189,7 @@ def build_mix(
     prose: float = PROSE,
     synth_unanswerable: float = SYNTH_UNANSWERABLE,
     families: str = "seen",
+    topical: float = TOPICAL,
 ) -> list[dict]:
     """n training records in a random order: a share `unanswerable` without an answering passage (half
     synthetic, half real text), the rest half hard synthetic (training domains; targets the value, or the
@@ -161,7 +198,10 @@ def build_mix(
     layout (docstyle.py); a share `paired` of the unanswerable records twins of answerable ones (`twin`);
     a share `prose` of both the answerable and the unanswerable records asked in plain English about a
     sentence of stdlib documentation (prose.py), taken before the synthetic/real-text halves; a share
-    `synth_unanswerable` of the other unanswerable records synthetic (floor), the rest real text.
+    `synth_unanswerable` of the other unanswerable records synthetic (floor), the rest real text; a share
+    `topical` of the unanswerable records (drawn after the plan, from a generator of their own) keep the
+    answering passage minus its answer (topical.py: synthetic ones stay synthetic, real-text ones are
+    asked in plain English), and are never replaced by `paired` twins.
     `families` sets the template families of the synthetic records (families.py): "seen" (the default)
     draws wordings and layouts uniformly among the seen ones and templates among those of a seen answer
     type; "legacy" is the one family of the shipped adapter's stages; "all" includes the held-out families
@@ -186,6 +226,8 @@ def build_mix(
         raise ValueError(f"synth_unanswerable must be a share in [0, 1], got {synth_unanswerable}")
     if families not in MIX_FAMILIES:
         raise ValueError(f"families must be one of {', '.join(MIX_FAMILIES)}, got {families!r}")
+    if not 0.0 <= topical <= 1.0:
+        raise ValueError(f"topical must be a share in [0, 1], got {topical}")
     n_unanswerable = round(n * unanswerable)
     n_prose = round((n - n_unanswerable) * prose)
     n_prose_unanswerable = round(n_unanswerable * prose)
@@ -203,6 +245,10 @@ def build_mix(
     )
     rng = random.Random(seed)
     rng.shuffle(plan)
+    if topical:
+        slots = [i for i, part in enumerate(plan) if part in _TOPICAL_OF]
+        for i in random.Random(seed ^ 0x70B1C).sample(slots, round(len(slots) * topical)):
+            plan[i] = _TOPICAL_OF[plan[i]]
     records = []
     for part in plan:
         contexts = passage_count(rng)
@@ -241,7 +287,11 @@ def build_eval_sets(n: int = 150, contexts: int = 5, seed: int = 0) -> dict[str,
       (families.py), about new made-up entities;
     - "synth-unseen": the same, but every question has at least one held-out part (wording, layout or
       answer type, spread evenly over the three and their combinations), over the training and the
-      held-out domains.
+      held-out domains;
+    - "synth-topical" and "prose-topical-doc": the synth-unseen and prose-doc questions with the answering
+      passage kept but stripped of the answer (topical.py), so the passages still name the entity: the
+      declining RGB's en_none asks for.  A question whose passage cannot be stripped cleanly is left out
+      (none of the synthetic ones, about 1 in 16 prose ones).
 
     Run `turborag eval` on the realtext sets for accuracy and false abstentions, on the unanswerable sets
     for the abstention rate.  A synth-seen score well above the synth-unseen one means the model learned
@@ -257,10 +307,10 @@ def build_eval_sets(n: int = 150, contexts: int = 5, seed: int = 0) -> dict[str,
     style = random.Random(seed ^ 0xD0C5)
     # Each set below draws from generators of its own, so adding a set never changes the sets above it.
     prose_style = random.Random(seed ^ 0x9805)
-    prose = [
-        as_document(r, prose_style)
-        for r in generate_prose(n, contexts, random.Random(seed ^ 0x9805E).getrandbits(63), split="eval")
-    ]
+    raw_prose = generate_prose(n, contexts, random.Random(seed ^ 0x9805E).getrandbits(63), split="eval")
+    prose = [as_document(r, prose_style) for r in raw_prose]
+    topical_style = random.Random(seed ^ 0x70B1C)
+    prose_twins = [t for r in raw_prose if (t := topical_twin(r)) is not None]
     seen_seed = random.Random(seed ^ 0x5EE7).getrandbits(63)
     unseen_seed = random.Random(seed ^ 0x0F5EE7).getrandbits(63)
     seen = generate(n, contexts, seen_seed, TRAIN_DOMAINS, hard=True, families="seen")
@@ -278,4 +328,6 @@ def build_eval_sets(n: int = 150, contexts: int = 5, seed: int = 0) -> dict[str,
         "prose-unanswerable-doc": [without_answer(r) for r in prose],
         "synth-seen": [_synth(r) for r in seen],
         "synth-unseen": [_synth(r) for r in unseen],
+        "synth-topical": [_synth(t) for r in unseen if (t := topical_twin(r)) is not None],
+        "prose-topical-doc": [as_document(t, topical_style) for t in prose_twins],
     }

@@ -107,9 +107,11 @@ def mix_cmd(
         help="also write the held-out sets here: realtext-eval.jsonl, unanswerable-eval.jsonl and the same "
         "two in documentation layout, realtext-doc-eval.jsonl and unanswerable-doc-eval.jsonl, and "
         "prose-doc-eval.jsonl with its twins without the answering passage, "
-        "prose-unanswerable-doc-eval.jsonl, and synthetic questions in seen and in held-out template "
-        "families, synth-seen-eval.jsonl and synth-unseen-eval.jsonl (150 questions, 5 passages each; 4 for "
-        "the prose twins)",
+        "prose-unanswerable-doc-eval.jsonl, synthetic questions in seen and in held-out template "
+        "families, synth-seen-eval.jsonl and synth-unseen-eval.jsonl, and the topical twins of the "
+        "synth-unseen and prose-doc questions (the answering passage kept, stripped of the answer), "
+        "synth-topical-eval.jsonl and prose-topical-doc-eval.jsonl (150 questions, 5 passages each; 4 for "
+        "the prose twins; the topical prose twins leave out the questions that cannot be stripped)",
     ),
     eval_n: int = typer.Option(
         150,
@@ -152,6 +154,13 @@ def mix_cmd(
         help="share of the other unanswerable questions that are synthetic near-namesake ones (the rest "
         "stdlib); with --paired they are twins of synthetic answerable questions",
     ),
+    topical: float = typer.Option(
+        0.0,
+        min=0.0,
+        max=1.0,
+        help="share of the unanswerable questions that keep the answering passage with the sentences that "
+        "answer taken out, so the passages still name the asked entity (synthetic or plain-English stdlib)",
+    ),
     families: str = typer.Option(
         "seen",
         help="template families of the synthetic questions (turborag_research/families.py): seen (no "
@@ -180,6 +189,7 @@ def mix_cmd(
         prose=prose,
         synth_unanswerable=synth_unanswerable,
         families=families,
+        topical=topical,
     )
     write_jsonl(records, out)
     typer.echo(f"wrote {len(records)} training questions to {out}", err=True)

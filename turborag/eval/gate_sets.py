@@ -24,7 +24,9 @@ GATE_SETS: dict[str, GateSet] = {
     "rgb-none": GateSet("en_none.jsonl", "rgb"),
     "synth-unseen": GateSet("synth-unseen-eval.jsonl", "eval"),
     "synth-seen": GateSet("synth-seen-eval.jsonl", "eval"),
+    "synth-topical": GateSet("synth-topical-eval.jsonl", "eval"),
     "realtext-doc": GateSet("realtext-doc-eval.jsonl", "eval", 48),
+    "prose-topical-doc": GateSet("prose-topical-doc-eval.jsonl", "eval", 48),
     "langref": GateSet("langref-eval.jsonl", "eval", 48),
 }
 GATE_MODES = ("full", "turbo")
