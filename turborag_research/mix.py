@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import random
 
-from turborag_research.docstyle import as_document
+from turborag_research.docstyle import as_document, render_passage
 from turborag_research.families import FAMILY_SETS
 from turborag_research.prose import generate_prose, without_answer
 from turborag_research.realtext import generate_realtext
@@ -111,6 +111,9 @@ def _one(
     changes the layout of a record and nothing else."""
     if part.endswith("-topical"):
         return _topical(part.removesuffix("-topical"), contexts, seed, doc_style, families)
+    if part.endswith("-topical-original"):
+        kind = part.removesuffix("-topical-original")
+        return _topical(kind, contexts, seed, doc_style, families, original=True)
     if part == "synth":
         sentences = synth_answers == "sentence"
         record = generate(
@@ -129,10 +132,13 @@ def _one(
     return as_document(record, style) if style.random() < doc_style else record
 
 
-def _topical(kind: str, contexts: int, seed: int, doc_style: float, families: str) -> dict:
+def _topical(
+    kind: str, contexts: int, seed: int, doc_style: float, families: str, original: bool = False
+) -> dict:
     """A topical unanswerable record (topical.py) of a kind, "synth" or "prose": the twin of the answerable
     record of the first seed from `seed` on whose answering passage strips cleanly (about 19 in 20 prose
-    records do, every synthetic one), laid out as the answerable records of its kind are."""
+    records do, every synthetic one), laid out as the answerable records of its kind are.  With `original`
+    that answerable record instead, in the same layout: the twin's partner."""
     for s in range(seed, seed + _MAX_TOPICAL_TRIES):
         if kind == "synth":
             record = generate(1, contexts, s, TRAIN_DOMAINS, hard=True, families=families)[0]
@@ -143,9 +149,44 @@ def _topical(kind: str, contexts: int, seed: int, doc_style: float, families: st
     else:
         raise RuntimeError(f"no {kind} record from seed {seed} on could be stripped of its answer")
     if kind == "synth":
-        return _synth(stripped)
+        return _synth(record if original else stripped)
     style = random.Random(seed ^ 0xD0C5)
-    return as_document(stripped, style) if style.random() < doc_style else stripped
+    if style.random() >= doc_style:
+        return record if original else stripped
+    document = as_document(record, style)
+    if original:
+        return document
+    # The twin in the original's layout: every other passage and the question as rendered there, the
+    # stripped passage rendered on its own (one generator renders all passages in turn, so rendering the
+    # twin afresh would lay out the passages after it differently from its partner's).
+    i = record["answer_index"]
+    contexts = list(document["contexts"])
+    contexts[i] = render_passage(stripped["contexts"][i], random.Random(seed ^ 0x70B1C))
+    return {**stripped, "question": document["question"], "contexts": contexts, "style": "document"}
+
+
+# The answerable parts whose slot may hold the original of a topical twin of each kind.
+_PARTNERS = {"synth-topical": ("synth",), "prose-topical": ("prose", "realtext")}
+
+
+def _topical_pairs(draws: list[tuple[str, int, int]], paired: float, seed: int) -> list[tuple[str, int, int]]:
+    """Give round(paired * topical records) of the topical records a partner: an answerable slot of the
+    same kind (a real-text slot for a plain-English twin) that becomes the record the twin was made from,
+    with the twin's seed and passage count.  The pair then differs only in the sentences that answer, as a
+    `twin` pair differs only in the passage.  Drawn from a generator of its own.  `draws` and the result
+    are (part, passages, seed) per slot."""
+    rng = random.Random(seed ^ 0x7A13)
+    slots = [i for i, (part, _, _) in enumerate(draws) if part in _PARTNERS]
+    chosen = sorted(rng.sample(slots, round(len(slots) * paired)))
+    pool = {kind: [j for j, d in enumerate(draws) if d[0] in parts] for kind, parts in _PARTNERS.items()}
+    for candidates in pool.values():
+        rng.shuffle(candidates)
+    out = list(draws)
+    for i in chosen:
+        part, contexts, record_seed = draws[i]
+        if pool[part]:
+            out[pool[part].pop()] = (f"{part}-original", contexts, record_seed)
+    return out
 
 
 def twin(record: dict) -> dict:
@@ -201,7 +242,9 @@ def build_mix(
     `synth_unanswerable` of the other unanswerable records synthetic (floor), the rest real text; a share
     `topical` of the unanswerable records (drawn after the plan, from a generator of their own) keep the
     answering passage minus its answer (topical.py: synthetic ones stay synthetic, real-text ones are
-    asked in plain English), and are never replaced by `paired` twins.
+    asked in plain English), and are never replaced by `paired` twins: with `paired` a share of them get
+    an answerable partner instead, the record each was made from, in the slot of an answerable record
+    of its kind (`_topical_pairs`).
     `families` sets the template families of the synthetic records (families.py): "seen" (the default)
     draws wordings and layouts uniformly among the seen ones and templates among those of a seen answer
     type; "legacy" is the one family of the shipped adapter's stages; "all" includes the held-out families
@@ -249,10 +292,13 @@ def build_mix(
         slots = [i for i, part in enumerate(plan) if part in _TOPICAL_OF]
         for i in random.Random(seed ^ 0x70B1C).sample(slots, round(len(slots) * topical)):
             plan[i] = _TOPICAL_OF[plan[i]]
-    records = []
+    draws = []
     for part in plan:
         contexts = passage_count(rng)
-        records.append(_one(part, contexts, rng.getrandbits(63), synth_answers, doc_style, families))
+        draws.append((part, contexts, rng.getrandbits(63)))
+    if topical and paired:
+        draws = _topical_pairs(draws, paired, seed)
+    records = [_one(p, c, s, synth_answers, doc_style, families) for p, c, s in draws]
     return _pair(records, paired, seed) if paired else records
 
 

@@ -119,3 +119,28 @@ def test_eval_sets_hold_topical_twins_of_their_answerable_questions():
     prose = {r["question"] for r in sets["prose-doc"]}
     assert 24 <= len(sets["prose-topical-doc"]) <= 30
     assert all(t["question"] in prose and t["style"] == "document" for t in sets["prose-topical-doc"])
+
+
+def test_paired_topical_twins_come_with_the_record_they_were_made_from():
+    """With `paired`, each topical twin's partner is its answerable original: the same question over the
+    same passages in the same layout, but for the answering passage, which the twin has stripped."""
+    rows = build_mix(80, seed=105, unanswerable=0.5, topical=1.0, paired=1.0, doc_style=1.0, prose=0.5)
+    kinds = Counter((r["source"].split(":")[0], r["answerable"]) for r in rows)
+    assert kinds == {("prose", True): 30, ("prose", False): 30, ("synth", True): 10, ("synth", False): 10}
+    pairs = 0
+    for twin in (r for r in rows if r.get("topical")):
+        partners = [
+            r
+            for r in rows
+            if r["answerable"]
+            and r["question"] == twin["question"]
+            and len(r["contexts"]) == len(twin["contexts"])
+            and sum(a != b for a, b in zip(r["contexts"], twin["contexts"])) == 1
+        ]
+        assert len(partners) == 1, twin["question"]
+        original = partners[0]
+        i = original["answer_index"]
+        assert twin["contexts"][i] != original["contexts"][i]
+        assert original.get("style") == twin.get("style")
+        pairs += 1
+    assert pairs == 40

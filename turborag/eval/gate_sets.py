@@ -26,6 +26,7 @@ GATE_SETS: dict[str, GateSet] = {
     "synth-seen": GateSet("synth-seen-eval.jsonl", "eval"),
     "synth-topical": GateSet("synth-topical-eval.jsonl", "eval"),
     "realtext-doc": GateSet("realtext-doc-eval.jsonl", "eval", 48),
+    "prose-doc": GateSet("prose-doc-eval.jsonl", "eval", 48),
     "prose-topical-doc": GateSet("prose-topical-doc-eval.jsonl", "eval", 48),
     "langref": GateSet("langref-eval.jsonl", "eval", 48),
 }
