@@ -109,11 +109,9 @@ def _one(
 
     The documentation layout is drawn from a generator of its own seeded by the record's, so doc_style
     changes the layout of a record and nothing else."""
-    if part.endswith("-topical"):
-        return _topical(part.removesuffix("-topical"), contexts, seed, doc_style, families)
-    if part.endswith("-topical-original"):
-        kind = part.removesuffix("-topical-original")
-        return _topical(kind, contexts, seed, doc_style, families, original=True)
+    if "-topical" in part:  # "KIND-topical", or "KIND-topical-twin" / "KIND-topical-original" of a pair
+        kind, _, role = part.partition("-topical")
+        return _topical(kind, contexts, seed, doc_style, families, role.removeprefix("-") or "alone")
     if part == "synth":
         sentences = synth_answers == "sentence"
         record = generate(
@@ -133,12 +131,16 @@ def _one(
 
 
 def _topical(
-    kind: str, contexts: int, seed: int, doc_style: float, families: str, original: bool = False
+    kind: str, contexts: int, seed: int, doc_style: float, families: str, role: str = "alone"
 ) -> dict:
     """A topical unanswerable record (topical.py) of a kind, "synth" or "prose": the twin of the answerable
     record of the first seed from `seed` on whose answering passage strips cleanly (about 19 in 20 prose
-    records do, every synthetic one), laid out as the answerable records of its kind are.  With `original`
-    that answerable record instead, in the same layout: the twin's partner."""
+    records do, every synthetic one), laid out as the answerable records of its kind are.
+
+    `role` "original" gives that answerable record instead, and "twin" the twin laid out exactly as its
+    original (every other passage and the question as rendered there, the stripped passage rendered on its
+    own): one generator renders all of a record's passages in turn, so the twin rendered afresh ("alone")
+    lays out the passages after the stripped one differently from its partner."""
     for s in range(seed, seed + _MAX_TOPICAL_TRIES):
         if kind == "synth":
             record = generate(1, contexts, s, TRAIN_DOMAINS, hard=True, families=families)[0]
@@ -148,17 +150,15 @@ def _topical(
             break
     else:
         raise RuntimeError(f"no {kind} record from seed {seed} on could be stripped of its answer")
+    chosen = record if role == "original" else stripped
     if kind == "synth":
-        return _synth(record if original else stripped)
+        return _synth(chosen)
     style = random.Random(seed ^ 0xD0C5)
     if style.random() >= doc_style:
-        return record if original else stripped
+        return chosen
+    if role != "twin":
+        return as_document(chosen, style)
     document = as_document(record, style)
-    if original:
-        return document
-    # The twin in the original's layout: every other passage and the question as rendered there, the
-    # stripped passage rendered on its own (one generator renders all passages in turn, so rendering the
-    # twin afresh would lay out the passages after it differently from its partner's).
     i = record["answer_index"]
     contexts = list(document["contexts"])
     contexts[i] = render_passage(stripped["contexts"][i], random.Random(seed ^ 0x70B1C))
@@ -186,6 +186,7 @@ def _topical_pairs(draws: list[tuple[str, int, int]], paired: float, seed: int) 
         part, contexts, record_seed = draws[i]
         if pool[part]:
             out[pool[part].pop()] = (f"{part}-original", contexts, record_seed)
+            out[i] = (f"{part}-twin", contexts, record_seed)
     return out
 
 
