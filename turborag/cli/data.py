@@ -138,7 +138,8 @@ def mix_cmd(
         min=0.0,
         max=1.0,
         help="share of the unanswerable questions that are twins of answerable ones in the mix: the same "
-        "question and passages without the one that answers it (0: all independent)",
+        "question and passages without the one that answers it (0: all independent); with --topical, the "
+        "share of topical questions that come with the answerable question each was made from",
     ),
     prose: float = typer.Option(
         0.0,

@@ -5,10 +5,11 @@ see that, and neither can a single number that rises. So a candidate is compared
 every gate set in one run, question by question, in every mode (full and turbo): the external RAG
 benchmark RGB (5 passages at noise 0.4 and 0.8, in RGB's fixed passage order and shuffled, and the set where
 no passage answers), our synthetic questions whose template families training never saw, held-out stdlib
-documentation and the hand-written demo-corpus questions.  On each set and mode the questions only one
-of the two got right are counted, and an exact sign test (`metrics.paired_difference`) says whether the
-gap is more than that set's noise.  The gate fails when the candidate is worse beyond noise (fewer
-questions right and p < alpha) anywhere.
+documentation in templated and in plain-English questions, unanswerable twins of ours that keep the passage
+on the asked topic (the kind RGB's no-answer set asks) and the hand-written demo-corpus questions.  On each
+set and mode the questions only one of the two got right are counted, and an exact sign test
+(`metrics.paired_difference`) says whether the gap is more than that set's noise.  The gate fails when
+the candidate is worse beyond noise (fewer questions right and p < alpha) anywhere.
 
 The gate is a veto, not a selector: it rejects a model that regresses; nothing is ever tuned or picked by
 its RGB numbers (which checkpoint to try is decided on our own data before the gate runs).
