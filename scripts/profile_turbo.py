@@ -22,11 +22,8 @@ import time
 import torch
 import xxhash
 
-from turborag.bench.engine import QUESTION, doc_chunks
+from turborag.bench.engine import QUESTION, bench_context
 from turborag.core import kv
-from turborag.core.engine import Engine
-from turborag.core.model import cache_format_for, load_model, turborag_home
-from turborag.store.kv_store import KVStore
 
 
 def main() -> None:
@@ -38,10 +35,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    lm = load_model(args.model, "cpu", args.dtype)
-    engine = Engine(lm, KVStore(turborag_home() / "bench-store", cache_format_for(lm.dtype)))
-    chunks = doc_chunks(engine, args.context_tokens, 512)
-    engine.precompute(chunks)
+    engine, chunks = bench_context(args.model, args.dtype, args.context_tokens)
     prompt = engine.layout.build(QUESTION, chunks)
     lengths = [len(c) for c in prompt.chunks]
     keys = [engine.key(c) for c in prompt.chunks]
@@ -81,7 +75,7 @@ def main() -> None:
     read_bytes = sum(t.numel() * t.element_size() for layers in loaded for pair in layers for t in pair or ())
     info = {
         "model": args.model,
-        "dtype": str(lm.dtype).removeprefix("torch."),
+        "dtype": str(engine.lm.dtype).removeprefix("torch."),
         "context_tokens": sum(lengths),
         "chunks": len(lengths),
         "bytes_read": read_bytes,

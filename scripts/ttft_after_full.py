@@ -14,11 +14,8 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from turborag.bench.engine import QUESTION, doc_chunks, floor_ttft
-from turborag.core.engine import Engine
+from turborag.bench.engine import QUESTION, bench_context, floor_ttft
 from turborag.core.generate import SamplingParams
-from turborag.core.model import cache_format_for, load_model, turborag_home
-from turborag.store.kv_store import KVStore
 
 
 def main() -> None:
@@ -29,10 +26,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=9)
     args = ap.parse_args()
 
-    lm = load_model(args.model, "cpu", args.dtype)
-    engine = Engine(lm, KVStore(turborag_home() / "bench-store", cache_format_for(lm.dtype)))
-    chunks = doc_chunks(engine, args.context_tokens, 512)
-    engine.precompute(chunks)
+    engine, chunks = bench_context(args.model, args.dtype, args.context_tokens)
     one = SamplingParams(max_new_tokens=1)
 
     def full() -> float:

@@ -47,6 +47,21 @@ def doc_chunks(engine: Engine, total_tokens: int, chunk_tokens: int = 512) -> li
     return chunks
 
 
+def bench_context(
+    model: str, dtype: str, context_tokens: int, chunk_tokens: int = 512
+) -> tuple[Engine, list[str]]:
+    """An engine on the CPU over the `bench ttft` store ($TURBORAG_HOME/bench-store) and the chunks of one
+    context size, their caches computed if missing: where the scripts that take one request apart start."""
+    from turborag.core.model import cache_format_for, load_model, turborag_home
+    from turborag.store.kv_store import KVStore
+
+    lm = load_model(model, "cpu", dtype)
+    engine = Engine(lm, KVStore(turborag_home() / "bench-store", cache_format_for(lm.dtype)))
+    chunks = doc_chunks(engine, context_tokens, chunk_tokens)
+    engine.precompute(chunks)
+    return engine, chunks
+
+
 @dataclass
 class TTFTRow:
     context_tokens: int
