@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "profile_turbo.py"
 
 
@@ -25,10 +27,11 @@ def test_attention_flops_count_each_layers_keys():
     assert attention_flops(config, [None], queries=3, keys=2) == 4 * 2 * 8 * 3 * 2
 
 
-def test_profile_on_a_tiny_model(tiny_model_dir, env):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_profile_on_a_tiny_model(tiny_model_dir, env, dtype):
     r = subprocess.run(
         [sys.executable, str(SCRIPT), "--model", tiny_model_dir, "--context-tokens", "600", "--repeats", "2"]
-        + ["--dtype", "float32", "--json"],
+        + ["--dtype", dtype, "--json"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -38,8 +41,9 @@ def test_profile_on_a_tiny_model(tiny_model_dir, env):
     out = json.loads(r.stdout.strip().splitlines()[-1])
     phases, limit = out["phases_s"], out["compute_limit"]
     assert out["chunks"] >= 2 and out["context_tokens"] >= 500
+    assert out["read_in_place"] == (dtype == "bfloat16")  # a bf16 store is read straight into the buffers
     assert all(v > 0 for k, v in phases.items())
-    parts = sum(phases[k] for k in ("read + verify", "rotate + copy", "question prefill", "first token"))
+    parts = sum(phases[k] for k in ("prompt + keys", "read", "assemble", "question prefill", "first token"))
     assert abs(parts - phases["total"]) < 0.5 * phases["total"]  # medians of parts, near the total's
     assert 0 < limit["attention_gflop"] < limit["gflop"] and limit["matmul_gflops"] > 0
     assert limit["compute_bound_s"] == limit["gflop"] / limit["matmul_gflops"]

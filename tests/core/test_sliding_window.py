@@ -16,7 +16,7 @@ from turborag.core.engine import Engine
 from turborag.core.generate import SamplingParams
 from turborag.core.model import layer_inv_freq, layer_windows
 from turborag.core.prompt import PromptLayout
-from turborag.store.kv_store import KVStore
+from turborag.store.kv_store import KVStore, StoredChunk
 
 CPU = torch.device("cpu")
 QUESTION = "Who founded it?"
@@ -92,20 +92,41 @@ def test_needed_layers_skip_sliding_layers_before_the_window():
 
 
 class _CountingStore(KVStore):
-    """Records which layers the engine asks the store for."""
+    """Records which layers of each chunk the engine reads: those it asks for (a store read into buffers of
+    its own) or those it reads in place (a store in the compute dtype, read straight into the serving
+    buffers)."""
 
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
-        self.asked: list[list[int] | None] = []
+        self.asked: list[set[int]] = []
 
     def get_many_layers(self, wanted):
-        self.asked.extend(None if layers is None else list(layers) for layers in wanted.values())
+        self.asked.extend(set(range(99)) if layers is None else set(layers) for layers in wanted.values())
         return super().get_many_layers(wanted)
 
+    def open_many(self, wanted):
+        found = super().open_many(wanted)
+        for chunk in found.values():
+            if isinstance(chunk, StoredChunk):
+                layers: set[int] = set()
+                self.asked.append(layers)
+                chunk.read_into = _recording(chunk.read_into, layers)
+        return found
 
-def test_engine_reads_only_needed_layers_and_answers_as_untrimmed(gemma_lm, tmp_path):
-    store = _CountingStore(tmp_path, "float32")
+
+def _recording(read_into, layers: set[int]):
+    def read(layer, kind, out):
+        layers.add(layer)
+        return read_into(layer, kind, out)
+
+    return read
+
+
+@pytest.mark.parametrize("cache_format", ["float32", "float16"], ids=["in-place", "copied"])
+def test_engine_reads_only_needed_layers_and_answers_as_untrimmed(gemma_lm, tmp_path, cache_format):
+    store = _CountingStore(tmp_path, cache_format)
     engine = Engine(gemma_lm, store)
+    assert engine.caches.in_place == (cache_format == "float32")  # the model computes in fp32
     params = SamplingParams(max_new_tokens=24)
     engine.precompute(LONG * 2)
     trimmed = engine.answer(QUESTION, LONG * 2, "turbo", params)

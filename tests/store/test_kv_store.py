@@ -13,7 +13,7 @@ from safetensors.torch import save as st_save
 
 from turborag.store import codec
 from turborag.store.chunk_kv import ChunkKV
-from turborag.store.kv_store import FILE_FORMAT, KEY_VERSION, KVStore, cache_key
+from turborag.store.kv_store import FILE_FORMAT, KEY_VERSION, KVStore, StoredChunk, cache_key
 
 
 def _kv(seed=0, tokens=7) -> ChunkKV:
@@ -368,3 +368,26 @@ def test_get_many_layers_reads_each_key_as_get_layers_does(tmp_path):
     with pytest.raises(IndexError):
         store.get_many_layers({keys[0]: [0], keys[1]: [9]})
     assert store.path(keys[1]).exists()
+
+
+def test_open_many_opens_sound_blobs_reports_missing_and_damaged_ones_and_decodes_format_1(tmp_path):
+    """What serving assembly reads in place (TieredStore.read): a format-2 blob comes back open, its tensors
+    unread; a missing or damaged one is a miss (a damaged one deleted); format 1 is decoded whole."""
+    torch.manual_seed(0)
+    chunk = ChunkKV(torch.randn(2, 1, 4, 8), torch.randn(2, 1, 4, 8))
+    store = KVStore(tmp_path, "float32")
+    good, torn, old, missing = "1" * 64, "2" * 64, "3" * 64, "4" * 64
+    store.put(good, chunk)
+    store.backend.put(torn, b"\x10" + bytes(20))
+    _write_format1(store, old, chunk)
+    found = store.open_many({good: [0], torn: [0], old: [1], missing: [0]})
+    assert isinstance(found[good], StoredChunk) and found[good].tokens == 4
+    out = torch.empty(1, 4, 8)
+    found[good].read_into(1, "v", out)
+    assert torch.equal(out, chunk.v[1])
+    assert found[torn] is None and torn not in store  # damaged: deleted
+    assert found[missing] is None
+    assert found[old][0] is None and torch.equal(found[old][1][0], chunk.k[1])
+    assert (store.hits, store.misses) == (2, 2)
+    with pytest.raises(ValueError, match="dequantizes"):
+        KVStore(tmp_path, "int8").open_many({good: [0]})

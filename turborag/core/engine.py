@@ -45,6 +45,7 @@ from turborag.core.options import TRAINING_FREE_DEFAULTS, EngineOptions
 from turborag.core.prefix_cache import PrefixCache
 from turborag.core.prompt import ABSTAIN, Prompt, PromptLayout, answer_ids
 from turborag.store.chunk_kv import ChunkKV
+from turborag.store.codec import Damaged
 from turborag.store.errors import StoreUnavailable
 from turborag.store.kv_store import KVStore, cache_key
 from turborag.store.tiered import TieredStore
@@ -593,9 +594,14 @@ class Engine:
         if missing:
             loaded.update(self._compute_and_store(missing, keep=True))
         chunks = [loaded[k] for k in keys]
-        cache, next_pos = kv.assemble_into(
-            self.prefix_kv, chunks, self.inv_freq, positions, dev, dtype, reserve, windows, lengths
-        )
+        try:
+            cache, next_pos = kv.assemble_into(
+                self.prefix_kv, chunks, self.inv_freq, positions, dev, dtype, reserve, windows, lengths
+            )
+        except Damaged:
+            # A chunk read in place (TieredStore.read) failed its check halfway through assembly. The store
+            # has logged and deleted it, so the request's next read misses it and computes it.
+            return self.assemble(prompt, mode, reserve)
         recomputed = 0
         if mode in _RECOMPUTE:
             recomputed = self._recompute(cache, prompt, positions, _RECOMPUTE[mode])

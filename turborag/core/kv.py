@@ -28,6 +28,7 @@ which is built from indices, is exactly the mask of the whole context. Global la
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Protocol
 
 import torch
 
@@ -117,9 +118,10 @@ def precompute_chunks(
 def rotate_into(out: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> None:
     """rotate_keys' rotation, written straight into `out` (a view of a cache
     buffer, any dtype): no cast copy of k and no temporaries, which assembly of an 8k context would
-    otherwise allocate and copy for every chunk of every layer. k, out (H, t, D); cos, sin (1, D), whose
-    two halves are equal (rotation()), so one product over all of k gives lo cos and hi cos at once: three
-    kernels, not four (an 8k context's keys, warm: 2.6 -> 2.2 ms)."""
+    otherwise allocate and copy for every chunk of every layer. k, out (..., t, D), e.g. (H, t, D) or a group
+    of layers (G, H, t, D); cos, sin broadcast against them ((1, D), (G, 1, 1, D)), their two halves equal
+    (rotation()), so one product over all of k gives lo cos and hi cos at once: three kernels, not four (an
+    8k context's keys, warm: 2.6 -> 2.2 ms)."""
     half = k.shape[-1] // 2
     s = sin[..., :half]
     torch.mul(k, cos, out=out)  # (lo cos, hi cos)
@@ -221,9 +223,79 @@ def _to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     return t.to(device)
 
 
+class StoredParts(Protocol):
+    """A chunk whose cache is still in the store, open (store.kv_store.StoredChunk): assembly reads each
+    tensor it needs, (kv_heads, T, head_dim), checked, into a tensor it gives."""
+
+    def read_into(self, layer: int, kind: str, out: torch.Tensor) -> None: ...
+
+
+def _read_group(
+    part: StoredParts,
+    idx: Sequence[int],
+    skip: int,
+    k_out: torch.Tensor,
+    v_out: torch.Tensor,
+    turn: tuple[torch.Tensor, torch.Tensor] | None,
+    scratch: torch.Tensor,
+) -> None:
+    """Layers `idx` of a chunk still in the store into their place in the serving buffers, k_out and v_out
+    (G, H, t, D). A tensor that goes in whole and as it is (values; keys that do not move) is read straight
+    there. Keys that move, and a chunk of which the layers hold only the tail (`skip` tokens dropped), are
+    read into `scratch`, which every chunk reuses (so it is still in the CPU's cache), and rotated or copied
+    from there for all the layers of the group at once."""
+    g, h, t, d = v_out.shape
+    whole = scratch[: g * h * (skip + t) * d].view(g, h, skip + t, d)  # (G, H, T, D)
+    for a, i in enumerate(idx):
+        part.read_into(i, "v", whole[a] if skip else v_out[a])
+    if skip:
+        v_out.copy_(whole[:, :, skip:])
+    if skip == 0 and turn is None:
+        for a, i in enumerate(idx):
+            part.read_into(i, "k", k_out[a])
+        return
+    for a, i in enumerate(idx):
+        part.read_into(i, "k", whole[a])
+    if turn is None:
+        k_out.copy_(whole[:, :, skip:])
+    else:
+        rotate_into(k_out, whole[:, :, skip:], *turn)
+
+
+def _write(
+    part: Sequence[LayerKV | None],
+    idx: Sequence[int],
+    skip: int,
+    k_out: torch.Tensor,
+    v_out: torch.Tensor,
+    turn: tuple[torch.Tensor, torch.Tensor] | None,
+) -> None:
+    """Layers `idx` of a chunk already read, one (k, v) per layer (H, T, D) in any dtype and on any device,
+    cast, [rotated,] and written into k_out and v_out (G, H, t, D), a layer at a time."""
+    device = k_out.device
+    for a, i in enumerate(idx):
+        k, v = part[i]  # (H, T, D)
+        k = _to_device(k[:, skip:], device)  # (H, t, D), still in the stored dtype
+        if turn is None:
+            k_out[a] = k  # cast on copy
+        else:
+            rotate_into(k_out[a], k, turn[0][a], turn[1][a])
+        v_out[a] = _to_device(v[:, skip:], device)  # cast on copy
+
+
+def _groups(n: int, windows: Sequence[int | None]) -> dict[int, list[int]]:
+    """The layers by the first context entry they hold (window_start): Gemma 3's 5 sliding layers in 6 form
+    one group, its global layers another. A group's buffers are one tensor, so that a chunk's keys are
+    rotated in one pass for all its layers."""
+    groups: dict[int, list[int]] = {}
+    for i, w in enumerate(windows):
+        groups.setdefault(window_start(n, w), []).append(i)
+    return groups
+
+
 def assemble_into(
     prefix: ChunkKV,
-    chunks: Sequence[ChunkKV | Sequence[LayerKV | None]],
+    chunks: Sequence[ChunkKV | Sequence[LayerKV | None] | StoredParts],
     inv_freq: torch.Tensor,
     positions: str,
     device: torch.device,
@@ -235,9 +307,12 @@ def assemble_into(
     """Serving assembly: each chunk is cast, rotated and written once into per-layer buffers with `reserve`
     spare tokens for the question and the answer, so neither assembly nor decoding copies the context again.
 
-    A chunk is a ChunkKV or one (k, v) per layer, (H, T, D), as the store reads them; a layer that a
-    `windows` entry makes sliding holds only the context's tail, and its entries for chunks before the tail
-    may be None (never read). `lengths` gives the chunks' token counts when no layer of a chunk was read.
+    A chunk is a ChunkKV, one (k, v) per layer, (H, T, D), as the store reads them, or a chunk still in the
+    store (StoredParts: on the CPU, in `dtype`), whose tensors are read straight into the buffers; a layer
+    that a `windows` entry makes sliding holds only the context's tail, and its entries for chunks before
+    the tail may be None (never read). `lengths` gives the chunks' token counts when no layer of a chunk was
+    read. A stored chunk that fails its check raises the store's Damaged error: the buffers are then
+    unusable.
     """
     n_layers, kv_heads, p, head_dim = prefix.k.shape
     windows = list(windows) if windows is not None else [None] * n_layers
@@ -246,24 +321,27 @@ def assemble_into(
     parts = [(_per_layer(prefix), p, 0)] + [(_per_layer(c), t, d) for c, t, d in zip(chunks, sizes, shifts)]
     n = p + sum(sizes)
     cos, sin = rotations([d for _, _, d in parts], inv_freq.to(device), dtype)  # (P, L, 1, 1, D)
-    turns = [(cos[j], sin[j]) if d else None for j, (_, _, d) in enumerate(parts)]  # (L, 1, 1, D) each
-    layers = []
-    for i in range(n_layers):
-        start = window_start(n, windows[i])  # this layer holds context entries [start, n)
-        k_buf = torch.empty(1, kv_heads, n - start + reserve, head_dim, device=device, dtype=dtype)
-        v_buf = torch.empty_like(k_buf)  # (1, H, capacity, D)
+    stored = [size for part, size, _ in parts if hasattr(part, "read_into")]
+    scratch = torch.empty(n_layers * kv_heads * max(stored, default=0) * head_dim, device=device, dtype=dtype)
+    layers: list = [None] * n_layers
+    for start, idx in _groups(n, windows).items():  # these layers hold context entries [start, n)
+        shape = (len(idx), 1, kv_heads, n - start + reserve, head_dim)
+        k_buf = torch.empty(shape, device=device, dtype=dtype)  # (G, 1, H, capacity, D)
+        v_buf = torch.empty_like(k_buf)
+        ix = torch.tensor(idx, device=cos.device)
+        group_cos, group_sin = cos[:, ix], sin[:, ix]  # (P, G, 1, 1, D)
         begin = 0  # cache index of the part's first token
-        for (part, size, _), turn in zip(parts, turns):
-            skip = max(0, start - begin)  # leading tokens of this part that the layer does not hold
+        for j, (part, size, d) in enumerate(parts):
+            skip = max(0, start - begin)  # leading tokens of this part that the layers do not hold
             if skip < size:
-                k, v = part[i]  # (H, T, D)
                 dst = slice(begin + skip - start, begin + size - start)
-                k = _to_device(k[:, skip:], device)  # (H, t, D), still in the stored dtype
-                if turn is None:
-                    k_buf[0, :, dst] = k  # cast on copy
+                k_out, v_out = k_buf[:, 0, :, dst], v_buf[:, 0, :, dst]  # (G, H, t, D)
+                turn = (group_cos[j], group_sin[j]) if d else None  # (G, 1, 1, D)
+                if hasattr(part, "read_into"):
+                    _read_group(part, idx, skip, k_out, v_out, turn, scratch)
                 else:
-                    rotate_into(k_buf[0, :, dst], k, turn[0][i, 0], turn[1][i, 0])
-                v_buf[0, :, dst] = _to_device(v[:, skip:], device)  # cast on copy
+                    _write(part, idx, skip, k_out, v_out, turn)
             begin += size
-        layers.append((k_buf, v_buf, n - start, start, windows[i] is not None))
+        for a, i in enumerate(idx):
+            layers[i] = (k_buf[a], v_buf[a], n - start, start, windows[i] is not None)
     return hf_compat.buffered_cache_of(layers, reserve), next_pos

@@ -62,6 +62,10 @@ class FileBlob:
         got = os.preadv(self.file.fileno(), [buf], start) if buf else 0
         return buf if got == len(buf) else buf[:got]
 
+    def read_into(self, start: int, bufs: list) -> int:
+        """The bytes from `start` on into `bufs`, in order, with one preadv; returns how many were read."""
+        return os.preadv(self.file.fileno(), bufs, start) if bufs else 0
+
 
 class FileBackend:
     """One file per blob under `root/kv/`, sharded by the key's first two hex digits."""

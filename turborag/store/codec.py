@@ -208,11 +208,14 @@ def encode(kv: ChunkKV, fmt: str | torch.dtype) -> bytes:
 class Blob(Protocol):
     """A blob that is read in ranges, so that decoding copies only what it checks and returns: a file
     (backends.FileBlob) reads each range with one pread. `read_range` gives a writable buffer of bytes
-    [start, end), or fewer where the blob ends before `end`."""
+    [start, end), or fewer where the blob ends before `end`. `read_into` fills the caller's writable buffers
+    in order with the bytes from `start` on and returns how many it filled (fewer where the blob ends)."""
 
     def __len__(self) -> int: ...
 
     def read_range(self, start: int, end: int): ...
+
+    def read_into(self, start: int, bufs: list) -> int: ...
 
 
 class BufferBlob:
@@ -226,6 +229,17 @@ class BufferBlob:
 
     def read_range(self, start: int, end: int) -> memoryview:
         return self.view[start:end]
+
+    def read_into(self, start: int, bufs: list) -> int:
+        done = 0
+        for buf in bufs:
+            out = memoryview(buf).cast("B")
+            src = self.view[start + done : start + done + len(out)]
+            out[: len(src)] = src
+            done += len(src)
+            if len(src) < len(out):
+                break
+        return done
 
 
 def as_blob(buf) -> Blob:
@@ -346,7 +360,33 @@ def _scale_shape(fmt: str, kind: str, shape: tuple[int, ...]) -> tuple[int, ...]
     return (h, 1, d) if kind == "ks" else (h, t, 1)  # int8: K per channel, V per token
 
 
-def _layers_v2(header: dict, meta: dict, data: _Section, fmt: str, layers) -> Layers:
+@dataclass(frozen=True)
+class _Index:
+    """A format-2 blob's header, checked as a whole (the tensors it names, the data section's size). Each
+    tensor's own entry is checked when that tensor is read, and its bytes against its hash."""
+
+    header: dict
+    meta: dict
+    data: _Section
+    quant: str | None
+    kinds: tuple[str, ...]
+    n_layers: int
+    tokens: int
+    dtype: torch.dtype  # of k and v as stored (of q in a quantized format)
+
+    def entry(self, kind: str, layer: int) -> _Entry:
+        name = f"{kind}.{layer}"
+        e = _entry(name, self.header[name], 3, self.data, SCALE_DTYPE if kind in ("ks", "vs") else self.dtype)
+        if kind in ("k", "v") and e.shape[1] != self.tokens:
+            raise Damaged("tensor shapes differ")
+        return e
+
+    def check(self, name: str, digest: str) -> None:
+        if digest != self.meta.get(f"xxh3.{name}"):
+            raise Damaged(f"hash mismatch in {name}")
+
+
+def _index_v2(header: dict, meta: dict, data: _Section, fmt: str) -> _Index:
     quant = meta.get("quant")
     if quant != (fmt if fmt in QUANT else None):
         found = f"quantized as {quant}" if quant else "not quantized"
@@ -366,30 +406,92 @@ def _layers_v2(header: dict, meta: dict, data: _Section, fmt: str, layers) -> La
     if not complete:
         raise Damaged("data section size differs from the header")
     dtype = QUANT[fmt] if quant else DTYPES[fmt]
-    out: Layers = [None] * n_layers
+    return _Index(header, meta, data, quant, kinds, n_layers, tokens, dtype)
+
+
+def _layers_v2(header: dict, meta: dict, data: _Section, fmt: str, layers) -> Layers:
+    index = _index_v2(header, meta, data, fmt)
+    out: Layers = [None] * index.n_layers
     shapes = set()
-    for i in _wanted(layers, n_layers):
+    for i in _wanted(layers, index.n_layers):
         # Like the hashes, only the entries of requested tensors are checked: the others are not used, and
         # checking all of them would be most of the cost of a small request.
         t = {}
-        for kind in kinds:
-            name = f"{kind}.{i}"
-            e = _entry(name, header[name], 3, data, SCALE_DTYPE if kind in ("ks", "vs") else dtype)
+        for kind in index.kinds:
+            e = index.entry(kind, i)
             if kind in ("k", "v"):
                 shapes.add(e.shape)
-                if len(shapes) > 1 or e.shape[1] != tokens:
+                if len(shapes) > 1:
                     raise Damaged("tensor shapes differ")
             elif e.shape != _scale_shape(fmt, kind, t["k"].shape):
-                raise Damaged(f"bad shape for {name}")
+                raise Damaged(f"bad shape for {e.name}")
             raw = data.read(e.start, e.end)
-            if xxh3(raw) != meta.get(f"xxh3.{name}"):
-                raise Damaged(f"hash mismatch in {name}")
+            index.check(e.name, xxh3(raw))
             t[kind] = e.tensor(raw)  # (H, T, D), a scale (H, 1|T, 1|D)
-        if quant:
+        if index.quant:
             out[i] = (dequantize(t["k"], t["ks"]), dequantize(t["v"], t["vs"]))
         else:
             out[i] = (t["k"], t["v"])
     return out
+
+
+class TensorReader:
+    """A format-2 blob of a cast format, opened so that serving assembly (kv.assemble_into) reads each tensor
+    it needs straight into the buffer that will serve it, checking the hash on the way: no buffer of its own
+    per tensor, and no second copy. `open_reader` makes one; the header is checked on opening, each tensor
+    when it is read."""
+
+    def __init__(self, index: _Index):
+        self._index = index
+        self.layers = index.n_layers
+        self.tokens = index.tokens
+
+    def read_into(self, layer: int, kind: str, out: torch.Tensor) -> None:
+        """Tensor `kind` ("k" or "v") of `layer`, (H, T, D), read into `out`: a CPU tensor of that shape and
+        the store's dtype whose rows of each head are contiguous (a slice [0, :, a:b] of a (1, H, N, D)
+        buffer). Raises Damaged where the tensor fails its hash (`out` then holds unchecked bytes: the caller
+        must not use it); IndexError for a layer the blob lacks and ValueError for an `out` of another shape
+        (the caller's errors: the blob is kept)."""
+        if kind not in ("k", "v"):
+            raise ValueError(f"kind must be 'k' or 'v', got {kind!r}")
+        if not 0 <= layer < self.layers:
+            raise IndexError(f"layer {layer} requested from a cache of {self.layers} layers")
+        e = self._index.entry(kind, layer)
+        if out.dtype != e.dtype or out.device.type != "cpu":
+            raise ValueError(f"read_into needs a CPU tensor of {e.dtype}, got {out.dtype} on {out.device}")
+        if e.shape != tuple(out.shape):  # a sound blob read into the wrong place: the caller's error
+            raise ValueError(f"{e.name} is {list(e.shape)}, read_into was given {list(out.shape)}")
+        pieces = [_bytes_of(out[h]) for h in range(out.shape[0])]  # one (T, D) run of bytes per head
+        if self._index.data.blob.read_into(self._index.data.base + e.start, pieces) != e.end - e.start:
+            raise Damaged("truncated")
+        h = xxhash.xxh3_64()
+        for piece in pieces:
+            h.update(piece)
+        self._index.check(e.name, h.hexdigest())
+
+
+def _bytes_of(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, writable, with no copy."""
+    if not t.is_contiguous():
+        raise ValueError("read_into needs each head's rows contiguous")
+    return memoryview(t.view(torch.uint8).numpy()).cast("B")
+
+
+def open_reader(buf, fmt: str | torch.dtype) -> TensorReader | None:
+    """A TensorReader over a blob of the store format `fmt` (a cast format), or None for a format-1 blob,
+    which has no per-tensor hashes (decode it whole). Raises Damaged for anything that is not a sound blob of
+    that format, as `decode` does."""
+    fmt = _format_name(fmt)
+    if fmt not in DTYPES:
+        raise ValueError(f"a {fmt} blob is dequantized, not read in place")
+    blob = as_blob(buf)
+    header, meta, base = _header(blob)
+    version = meta.get("version")
+    if version == "1":
+        return None
+    if version != "2":
+        raise Damaged(f"unknown format version {version!r}")
+    return TensorReader(_index_v2(header, meta, _Section(blob, base), fmt))
 
 
 def _layers_v1(header: dict, meta: dict, data: _Section, dtype, layers) -> Layers:

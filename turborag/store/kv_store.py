@@ -32,7 +32,7 @@ from turborag.store.errors import StoreUnavailable
 log = logging.getLogger(__name__)
 
 KEY_VERSION = "1"  # what a key means (goes into cache_key and the catalog); not the blob format
-__all__ = ["FILE_FORMAT", "KEY_VERSION", "KVStore", "Layers", "cache_key"]
+__all__ = ["FILE_FORMAT", "KEY_VERSION", "KVStore", "Layers", "StoredChunk", "cache_key"]
 
 
 def cache_key(
@@ -130,6 +130,35 @@ class KVStore:
             found = {}
         return {key: self._decode(key, found.get(key), layers) for key, layers in wanted.items()}
 
+    def open_many(self, wanted: dict[str, list[int] | None]) -> dict[str, StoredChunk | Layers | None]:
+        """Like `get_many_layers`, but a blob's tensors are not read yet: each chunk comes back open
+        (`StoredChunk`), for serving assembly to read the tensors it needs straight into the buffers that
+        serve them (kv.assemble_into). Only for a cast format, read on the CPU in that very dtype. A format-1
+        blob, which has one checksum for the whole, is decoded now, as `get_layers` does."""
+        if self.quantized:
+            raise ValueError(f"a {self.cache_format} store dequantizes its caches: use get_many_layers")
+        try:
+            found = self.backend.get_many(list(wanted))
+        except StoreUnavailable as e:
+            log.warning("%s; computing the %d chunk caches of this request instead", e, len(wanted))
+            self.unavailable += 1
+            found = {}
+        out: dict[str, StoredChunk | Layers | None] = {}
+        for key, layers in wanted.items():
+            buf = found.get(key)
+            try:
+                reader = None if buf is None else codec.open_reader(buf, self.cache_format)
+            except codec.Damaged as e:
+                self._damaged(key, e)
+                out[key] = None
+                continue
+            if reader is None:
+                out[key] = self._decode(key, buf, layers)  # missing, or format 1
+            else:
+                self.hits += 1
+                out[key] = StoredChunk(self, key, reader)
+        return out
+
     def _decode(self, key: str, buf, layers: list[int] | None) -> Layers | None:
         if buf is None:
             self.misses += 1
@@ -137,19 +166,40 @@ class KVStore:
         try:
             out = codec.decode(buf, self.cache_format, layers)
         except codec.Damaged as e:
-            log.warning(
-                "damaged cache %s in %s (%s): ignored and removed; it will be recomputed",
-                key,
-                self.backend.url,
-                e,
-            )
-            self.backend.delete(key)
-            self.misses += 1
+            self._damaged(key, e)
             return None
         self.hits += 1
         return out
+
+    def _damaged(self, key: str, e: codec.Damaged) -> None:
+        url = self.backend.url
+        log.warning("damaged cache %s in %s (%s): ignored and removed; it will be recomputed", key, url, e)
+        self.backend.delete(key)
+        self.misses += 1
 
     def file_format(self, key: str) -> str | None:
         """The blob format, "1" or "2", read from the header only; None if missing or unreadable."""
         buf = self.backend.get(key)
         return None if buf is None else codec.blob_format(buf)
+
+
+class StoredChunk:
+    """One chunk's blob, open, its tensors not read yet (`KVStore.open_many`): serving assembly reads each
+    one it needs into its place in the serving buffers (codec.TensorReader.read_into). A tensor that fails its
+    check is logged and its blob deleted, as on any read, and codec.Damaged goes on to the caller, which must
+    discard what it assembled and read the request again: the chunk is then missing, and computed."""
+
+    def __init__(self, store: KVStore, key: str, reader: codec.TensorReader):
+        self.store = store
+        self.key = key
+        self.reader = reader
+        self.tokens = reader.tokens
+
+    def read_into(self, layer: int, kind: str, out: torch.Tensor) -> None:
+        """Tensor `kind` ("k" or "v") of `layer`, (H, T, D), checked, into `out` (codec.TensorReader)."""
+        try:
+            self.reader.read_into(layer, kind, out)
+        except codec.Damaged as e:
+            self.store.hits -= 1  # counted when it was opened
+            self.store._damaged(self.key, e)
+            raise

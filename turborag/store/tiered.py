@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from turborag.store.chunk_kv import ChunkKV
-from turborag.store.kv_store import KVStore, Layers
+from turborag.store.kv_store import KVStore, Layers, StoredChunk
 from turborag.store.ram_tier import RamTier
 
 
@@ -28,14 +28,33 @@ class TieredStore:
         self.device = torch.device(device)
         self.dtype = dtype if dtype is not None else torch.float32
 
-    def read(self, wanted: dict[str, list[int]], n_layers: int) -> dict[str, Layers | None]:
+    @property
+    def in_place(self) -> bool:
+        """Whether reads leave the tensors in the store for assembly to read in place (`read`)."""
+        store = self.store
+        return (
+            not self.ram.max_bytes
+            and self.device.type == "cpu"
+            and not store.quantized
+            and store.torch_dtype == self.dtype
+        )
+
+    def read(self, wanted: dict[str, list[int]], n_layers: int) -> dict[str, Layers | StoredChunk | None]:
         """Per chunk key, (k, v) for the layers wanted and None for the others (a list of `n_layers`), or
-        None for a chunk no tier holds (the caller computes it)."""
-        out: dict[str, Layers | None] = {}
+        None for a chunk no tier holds (the caller computes it).
+
+        With no RAM tier, on the CPU, from a store that keeps caches in the compute dtype (bf16 serving),
+        nothing needs a copy of its own: a chunk comes back open (a StoredChunk), and assembly reads each
+        tensor straight into its place in the serving buffers, one copy instead of a read and then a copy
+        (at 8k context tokens in bf16 on 2 cores: about 4 ms of 13, BENCHMARKS)."""
+        out: dict[str, Layers | StoredChunk | None] = {}
         for key, layers in wanted.items():
             held = self.ram.get(key, layers)
             if held is not None:
                 out[key] = [held.get(i) for i in range(n_layers)]
+        if self.in_place:
+            out.update(self.store.open_many({k: v for k, v in wanted.items() if k not in out}))
+            return out
         read = self.store.get_many_layers({k: v for k, v in wanted.items() if k not in out})
         for key, layers in read.items():
             if layers is not None and self.ram.max_bytes:
