@@ -90,7 +90,8 @@ def main() -> None:
         return
     print(
         f"{args.model} {info['dtype']}, {info['context_tokens']} context tokens in {len(lengths)} chunks, "
-        f"{read_bytes / 1e6:.1f} MB read{' in place' if engine.caches.in_place else ''}; median of {args.repeats}"
+        f"{read_bytes / 1e6:.1f} MB read{' in place' if engine.caches.in_place else ''}; "
+        f"median of {args.repeats}"
     )
     for name, s in out.items():
         print(f"  {name:18s} {s * 1000:8.1f} ms")

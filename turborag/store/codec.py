@@ -17,6 +17,9 @@ head_dim) in the store's format, and in the safetensors metadata `format: turbor
   (backends.FileBlob) that is one pread per tensor into its own buffer; from bytes already in memory (a
   Redis value) a zero-copy view. A cast format's tensors are then views over those bytes, so a requested
   layer costs its read, one pass for the hash, and whatever the caller does with it.
+- Or a blob is opened (`open_reader`) and each tensor read into a tensor the caller gives (`TensorReader`):
+  serving assembly reads them straight into the buffers that serve them, a tensor with one preadv, and
+  hashes them there, so no tensor is copied twice.
 
 Store formats (`FORMATS`): `float16`, `bfloat16`, `float32` store the tensors cast to that dtype. `int8` and
 `fp8` store them quantized, 1 byte per element plus scales (`tensor_bytes`: int8 is 0.5 + 1/(2 head_dim) +

@@ -3,8 +3,9 @@
 The engine asks once per request for the layers it needs of each chunk (`read`) and gets them ready to
 assemble: on the model's device, in the compute dtype. What the RAM tier holds costs no read, no hash check
 and no cast; the rest is read from the store (files, Redis: one round trip) and kept in the RAM tier on the
-way. A chunk computed during a request goes to the store and into the RAM tier too (`hold`: write-through),
-so every tier returns the same numbers: what the store's format gives back.
+way. With no RAM tier, a store in the compute dtype is read in place instead (`read`). A chunk computed
+during a request goes to the store and into the RAM tier too (`hold`: write-through), so every tier returns
+the same numbers: what the store's format gives back.
 
 The RAM tier is per process (each server holds its own hot set in front of a shared store); the store is
 what outlives the process.
@@ -45,8 +46,9 @@ class TieredStore:
 
         With no RAM tier, on the CPU, from a store that keeps caches in the compute dtype (bf16 serving),
         nothing needs a copy of its own: a chunk comes back open (a StoredChunk), and assembly reads each
-        tensor straight into its place in the serving buffers, one copy instead of a read and then a copy
-        (at 8k context tokens in bf16 on 2 cores: about 4 ms of 13, BENCHMARKS)."""
+        tensor straight into its place in the serving buffers, one copy instead of a read and then a copy.
+        With assembly's layer groups, that took turbo's distance from the floor at 8k context tokens from
+        13.5 to 11.0 ms (bf16, 2 cores, caches cold; BENCHMARKS, issue 37)."""
         out: dict[str, Layers | StoredChunk | None] = {}
         for key, layers in wanted.items():
             held = self.ram.get(key, layers)
