@@ -4,6 +4,7 @@ the progress lines are text, not dataclass reprs."""
 from __future__ import annotations
 
 import json
+import statistics
 
 import torch
 from conftest import char_tokenizer, make
@@ -12,6 +13,7 @@ from typer.testing import CliRunner
 from turborag.bench import engine as bench_engine
 from turborag.bench.engine import QUESTION, bench_ttft
 from turborag.cli import app
+from turborag.core import engine as core_engine
 from turborag.core.engine import Engine
 from turborag.core.generate import SamplingParams
 from turborag.core.model import LoadedModel, fingerprint
@@ -47,7 +49,7 @@ def test_each_mode_is_warmed_up_before_it_is_timed(tmp_path, monkeypatch):
 
     monkeypatch.setattr(bench_engine, "floor_ttft", counting_floor)
     lines = []
-    rows = bench_ttft(engine, [64, 128], repeats=1, chunk_tokens=32, log=lines.append)
+    rows = bench_ttft(engine, [64, 128], repeats=1, chunk_tokens=32, log=lines.append, samples=1)
 
     # one untimed call per mode at the first size, then one timed call per mode and size
     assert [m for m, _ in calls] == ["full", "turbo", "full", "turbo", "full", "turbo"]
@@ -55,6 +57,33 @@ def test_each_mode_is_warmed_up_before_it_is_timed(tmp_path, monkeypatch):
     assert len(floors) == 3 and rows[0].floor_ttft_s == floors[1]
     assert lines == [r.summary() for r in rows] and all(isinstance(line, str) for line in lines)
     assert lines[0].startswith("64 context tokens: full ")
+
+
+def test_turbo_and_the_floor_are_measured_in_pairs_several_times_a_repeat(tmp_path, monkeypatch):
+    """Full once per repeat, first or last by turns; turbo then floor, `samples` pairs per repeat; each
+    reported TTFT is the median of its mode's measurements."""
+    engine = _engine(tmp_path)
+    order: list[tuple[str, float]] = []
+    answer, floor = engine.answer, bench_engine.floor_ttft
+
+    def counting(question, passages, mode, *args, **kwargs):
+        a = answer(question, passages, mode, *args, **kwargs)
+        if question == QUESTION:
+            order.append((mode, a.ttft_s))
+        return a
+
+    def counting_floor(*args):
+        order.append(("floor", floor(*args)))
+        return order[-1][1]
+
+    monkeypatch.setattr(engine, "answer", counting)
+    monkeypatch.setattr(bench_engine, "floor_ttft", counting_floor)
+    [row] = bench_ttft(engine, [64], repeats=2, chunk_tokens=32, log=lambda line: None, samples=3)
+    timed = order[3:]  # after the warm-up: full, turbo, floor
+    pairs = ["turbo", "floor"] * 3
+    assert [m for m, _ in timed] == ["full", *pairs, *pairs, "full"]
+    for mode, got in (("full", row.full_ttft_s), ("turbo", row.turbo_ttft_s), ("floor", row.floor_ttft_s)):
+        assert got == statistics.median(t for m, t in timed if m == mode)
 
 
 def test_cli_prints_progress_lines_not_reprs(tiny_model_dir, env):
@@ -81,14 +110,19 @@ def test_the_floor_does_the_model_work_turbo_does(tmp_path, monkeypatch):
         return (yield from feed_steps(cache, ids, *args, **kwargs))
 
     monkeypatch.setattr(engine, "_feed_steps", spy)
+    scored: list[int] = []  # the reply's log-probability read off the logits: turbo and the floor alike
+    logprob = core_engine.reply_logprob
+    monkeypatch.setattr(core_engine, "reply_logprob", lambda *a: scored.append(1) or logprob(*a))
     for threshold in (0, 0.5):  # 0: no threshold
         variant = engine.with_options(abstain_threshold=threshold)
         fed.clear()
         variant.answer(QUESTION, passages, "turbo", SamplingParams(max_new_tokens=1))
-        turbo = fed[0]
+        turbo, turbo_scored = fed[0], len(scored)
         fed.clear()
+        scored.clear()
         bench_engine.floor_ttft(variant, QUESTION, passages)
-        assert fed == [turbo]
+        assert fed == [turbo] and len(scored) == turbo_scored == (1 if threshold else 0)
+        scored.clear()
         suffix = engine.layout.suffix_ids(QUESTION)
         assert turbo == (suffix + engine.abstain_ids[:-1] if threshold else suffix)
     prompt = engine.layout.build(QUESTION, passages)

@@ -83,10 +83,21 @@ class TTFTRow:
 
 
 def bench_ttft(
-    engine: Engine, sizes: Sequence[int], repeats: int = 3, chunk_tokens: int = 512, log=print
+    engine: Engine,
+    sizes: Sequence[int],
+    repeats: int = 3,
+    chunk_tokens: int = 512,
+    log=print,
+    samples: int = 5,
 ) -> list[TTFTRow]:
-    """Full, turbo and floor TTFT per context size, each the median of `repeats` alternating measurements;
-    `log` gets one progress line (a str) per size."""
+    """Full, turbo and floor TTFT per context size, each its mode's median; `log` gets one progress line (a
+    str) per size.
+
+    Full prefill is measured `repeats` times. Turbo and the floor are measured `samples` times per repeat, in
+    turbo-then-floor pairs: each takes a tenth of a second against seconds to minutes for a full prefill,
+    and with one request each per repeat, turbo / floor at 8k context tokens moved by 10-20 points from run
+    to run (docs/BENCHMARKS.md, issue 37) as the machine's speed drifted between the two. Within a repeat,
+    full goes first or last by turns."""
     rows = []
     one = SamplingParams(max_new_tokens=1)
     engine.answer("warm up", ["A short warm-up passage."], "full", one)  # before precompute is timed
@@ -104,14 +115,13 @@ def bench_ttft(
 
         full, turbo, floor = [], [], []
         for r in range(repeats):
-            for mode, acc in (
-                (("full", full), ("turbo", turbo)) if r % 2 == 0 else (("turbo", turbo), ("full", full))
-            ):
-                a = engine.answer(QUESTION, chunks, mode, one)
-                if a.computed_chunks:
-                    raise RuntimeError("a chunk cache was missing at query time; the bench would be unfair")
-                acc.append(a.ttft_s)
-            floor.append(floor_ttft(engine, QUESTION, chunks))
+            if r % 2 == 0:
+                full.append(_timed(engine, chunks, "full", one))
+            for _ in range(samples):
+                turbo.append(_timed(engine, chunks, "turbo", one))
+                floor.append(floor_ttft(engine, QUESTION, chunks))
+            if r % 2 == 1:
+                full.append(_timed(engine, chunks, "full", one))
         f, tb, fl = statistics.median(full), statistics.median(turbo), statistics.median(floor)
         ctx = sum(len(engine.layout.chunk_ids(c)) for c in chunks)
         prompt_tokens = ctx + len(engine.prefix_ids) + len(engine.layout.suffix_ids(QUESTION))
@@ -119,6 +129,14 @@ def bench_ttft(
         log(row.summary())
         rows.append(row)
     return rows
+
+
+def _timed(engine: Engine, chunks: list[str], mode: str, params: SamplingParams) -> float:
+    """The TTFT of one answer to the bench's question; every chunk cache must come from the store."""
+    a = engine.answer(QUESTION, chunks, mode, params)
+    if a.computed_chunks:
+        raise RuntimeError("a chunk cache was missing at query time; the bench would be unfair")
+    return a.ttft_s
 
 
 def warm_up(engine: Engine, chunks: list[str], params: SamplingParams) -> None:
@@ -136,8 +154,9 @@ def warm_up(engine: Engine, chunks: list[str], params: SamplingParams) -> None:
 def floor_ttft(engine: Engine, question: str, passages: Sequence[str]) -> float:
     """What turbo's TTFT would be if loading and assembling were free: the context is assembled (untimed,
     exactly as turbo assembles it), then the question is prefilled and the first token picked (timed). With
-    an abstention threshold (the shipped adapter has one) the reply is scored in the same forward, as turbo
-    does: that is model work, not loading (`bench abstain` measures what it costs)."""
+    an abstention threshold (the shipped adapter has one) the reply is scored in the same forward and its
+    log-probability read off, as turbo does before its first token: that is model work, not loading (`bench
+    abstain` measures what it costs)."""
     prompt = engine.layout.build(question, list(passages))
     reserve = len(prompt.suffix) + len(engine.scored_reply) + 8
     cache, next_pos, _, _ = engine.assemble(prompt, "turbo", reserve)

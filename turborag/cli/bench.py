@@ -59,7 +59,10 @@ def progress(line: str) -> None:
 @app.command("ttft")
 def bench_ttft_cmd(
     context_tokens: str = typer.Option("512,2048,8192", help="comma-separated context sizes in tokens"),
-    repeats: int = typer.Option(3, min=1, help="measurements per mode and size (median reported)"),
+    repeats: int = typer.Option(3, min=1, help="full prefills per size (median reported)"),
+    samples: int = typer.Option(
+        5, min=1, help="turbo and floor measurements per repeat, in pairs (median reported): one request each"
+    ),
     chunk_tokens: int = typer.Option(512, min=16),
     model: str = ModelOpt,
     device: str = DeviceOpt,
@@ -87,13 +90,15 @@ def bench_ttft_cmd(
     from turborag.core.model import bytes_per_token
 
     engine = _engine_for_sizes(sizes, model, device, store, template, dtype, ram)
-    rows = bench_ttft(engine, sizes, repeats, chunk_tokens, log=(lambda line: None) if as_json else progress)
+    log = (lambda line: None) if as_json else progress
+    rows = bench_ttft(engine, sizes, repeats, chunk_tokens, log=log, samples=samples)
     info = {
         "model": model,
         "device": str(engine.lm.device),
         "dtype": str(engine.lm.dtype).replace("torch.", ""),
         "cache_format": engine.store.cache_format,
         "repeats": repeats,
+        "samples": samples,
         "ram_cache_bytes": ram,
         "kv_bytes_per_token": bytes_per_token(engine.lm.model, engine.store.torch_dtype),
     }
@@ -102,7 +107,10 @@ def bench_ttft_cmd(
         typer.echo(json.dumps(result))
         write_plot(plot, plot_ttft, result)
         return
-    table = Table(title=f"TTFT, {model} on {info['device']} ({info['dtype']}), median of {repeats}")
+    table = Table(
+        title=f"TTFT, {model} on {info['device']} ({info['dtype']}): full the median of {repeats}, turbo and "
+        f"floor of {repeats * samples}"
+    )
     for col in (
         "context tokens",
         "full TTFT (s)",

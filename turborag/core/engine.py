@@ -610,10 +610,14 @@ class Engine:
 
     def prefill_question(self, cache, prompt: Prompt, next_pos: int, scored: bool = False) -> torch.Tensor:
         """Run the question on top of an assembled context; returns the last position's logits (vocab,).
-        With `scored` and an abstention threshold, the abstention reply rides in the same forward, as a
-        request's does (begin_steps): the same model work, for a floor that compares like with like."""
+        With `scored` and an abstention threshold, the abstention reply rides in the same forward and its
+        log-probability is read off, as a request does before its first token (begin_steps): the same model
+        work, for a floor that compares like with like."""
         extra = self.scored_reply if scored else []
-        return self._feed(cache, prompt.suffix + extra, next_pos, 1 + len(extra))[0]
+        logits = self._feed(cache, prompt.suffix + extra, next_pos, 1 + len(extra))  # (1 + len(extra), vocab)
+        if scored and self.abstain_threshold is not None:
+            reply_logprob(logits, self.abstain_ids)  # its cost, not its value: the floor decides nothing
+        return logits[0]
 
     def _feed(
         self, cache, ids: list[int], start: int, keep: int, attention: ape.ApeContext | None = None
