@@ -107,9 +107,21 @@ def bench_ttft_cmd(
         typer.echo(json.dumps(result))
         write_plot(plot, plot_ttft, result)
         return
+    stdout().print(_ttft_table(rows, info))
+    stdout().print(
+        f"KV bytes per token ({engine.store.cache_format}, tensors only): {info['kv_bytes_per_token']}. "
+        f"Turbo TTFT includes reading caches from {'the RAM tier' if ram else 'the store'}; floor = question "
+        "prefill + first token against the context already assembled (the abstention reply scored, as turbo "
+        "does); precompute is offline."
+    )
+    write_plot(plot, plot_ttft, result)
+
+
+def _ttft_table(rows, info: dict) -> Table:
+    """`bench ttft`'s rows as a table."""
     table = Table(
-        title=f"TTFT, {model} on {info['device']} ({info['dtype']}): full the median of {repeats}, turbo and "
-        f"floor of {repeats * samples}"
+        title=f"TTFT, {info['model']} on {info['device']} ({info['dtype']}): full the median of "
+        f"{info['repeats']}, turbo and floor of {info['repeats'] * info['samples']}"
     )
     for col in (
         "context tokens",
@@ -135,13 +147,7 @@ def bench_ttft_cmd(
             f"{r.full_prefill_tok_s:.0f}",
             f"{r.cache_bytes_per_token:.0f}",
         )
-    stdout().print(table)
-    stdout().print(
-        f"KV bytes per token ({engine.store.cache_format}, tensors only): {info['kv_bytes_per_token']}. "
-        f"Turbo TTFT includes reading caches from {'the RAM tier' if ram else 'the store'}; floor = question "
-        "prefill + first token against the context already assembled; precompute is offline."
-    )
-    write_plot(plot, plot_ttft, result)
+    return table
 
 
 @app.command("plot")
