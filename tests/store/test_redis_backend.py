@@ -126,6 +126,29 @@ def test_get_many_layers_is_one_round_trip(url, opened, monkeypatch):
             assert torch.equal(layers[i][0], kv.k[i]) and torch.equal(layers[i][1], kv.v[i])
 
 
+def test_open_many_reads_redis_values_in_place(url, opened):
+    """Serving assembly's read in place (KVStore.open_many) from Redis values: one round trip, then each
+    tensor copied from the value straight into the tensor given, checked; a damaged value is deleted."""
+    store = KVStore(opened(url), "float32")
+    kvs = {_key(i): _kv(seed=i) for i in range(3)}
+    for key, kv in kvs.items():
+        store.put(key, kv)
+    blob = bytearray(store.backend.get(_key(2)))
+    blob[-2] ^= 1  # inside the last tensor, v.3
+    store.backend.put(_key(2), bytes(blob))
+    found = store.open_many({key: [0, 3] for key in kvs})
+    for key in (_key(0), _key(1)):
+        for i in (0, 3):
+            for kind, want in (("k", kvs[key].k[i]), ("v", kvs[key].v[i])):
+                out = torch.empty(2, 7, 8)
+                found[key].read_into(i, kind, out)
+                assert torch.equal(out, want)
+    found[_key(2)].read_into(3, "k", torch.empty(2, 7, 8))  # a sound tensor of the damaged value
+    with pytest.raises(codec.Damaged):
+        found[_key(2)].read_into(3, "v", torch.empty(2, 7, 8))
+    assert _key(2) not in store
+
+
 def test_keys_spread_over_cluster_masters(redis_cluster, opened):  # noqa: F811
     backend = opened(redis_cluster.url)
     backend.client.flushall(target_nodes=backend.client.PRIMARIES)

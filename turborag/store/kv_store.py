@@ -122,12 +122,7 @@ class KVStore:
     def get_many_layers(self, wanted: dict[str, list[int] | None]) -> dict[str, Layers | None]:
         """`get_layers` for many keys at once: one round trip to a remote backend (pipelined). A backend
         that cannot be reached is a miss for every key (logged): the caller recomputes, nobody hangs."""
-        try:
-            found = self.backend.get_many(list(wanted))
-        except StoreUnavailable as e:
-            log.warning("%s; computing the %d chunk caches of this request instead", e, len(wanted))
-            self.unavailable += 1
-            found = {}
+        found = self._get_many(list(wanted))
         return {key: self._decode(key, found.get(key), layers) for key, layers in wanted.items()}
 
     def open_many(self, wanted: dict[str, list[int] | None]) -> dict[str, StoredChunk | Layers | None]:
@@ -137,12 +132,7 @@ class KVStore:
         blob, which has one checksum for the whole, is decoded now, as `get_layers` does."""
         if self.quantized:
             raise ValueError(f"a {self.cache_format} store dequantizes its caches: use get_many_layers")
-        try:
-            found = self.backend.get_many(list(wanted))
-        except StoreUnavailable as e:
-            log.warning("%s; computing the %d chunk caches of this request instead", e, len(wanted))
-            self.unavailable += 1
-            found = {}
+        found = self._get_many(list(wanted))
         out: dict[str, StoredChunk | Layers | None] = {}
         for key, layers in wanted.items():
             buf = found.get(key)
@@ -158,6 +148,15 @@ class KVStore:
                 self.hits += 1
                 out[key] = StoredChunk(self, key, reader)
         return out
+
+    def _get_many(self, keys: list[str]) -> dict:
+        """The blobs of `keys` that the backend has, in one round trip; none if it cannot be reached."""
+        try:
+            return self.backend.get_many(keys)
+        except StoreUnavailable as e:
+            log.warning("%s; computing the %d chunk caches of this request instead", e, len(keys))
+            self.unavailable += 1
+            return {}
 
     def _decode(self, key: str, buf, layers: list[int] | None) -> Layers | None:
         if buf is None:
