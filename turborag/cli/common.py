@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from turborag.core.defaults import BASE_MODEL, DEFAULT_MODEL
+from turborag.core.defaults import BASE_MODEL, DEFAULT_MODEL, QWEN_MODEL
 from turborag.store.settings import CACHE_FORMATS
 
 console = Console(stderr=True)
@@ -44,7 +44,8 @@ def int_list(value: str, option: str) -> list[int]:
 ModelOpt = typer.Option(
     DEFAULT_MODEL,
     "--model",
-    help=f"{DEFAULT_MODEL} (default), {BASE_MODEL} (its base), an HF model or adapter folder, a .gguf",
+    help=f"{DEFAULT_MODEL} (default), {BASE_MODEL} (its base), {QWEN_MODEL} (a 1.5B instruct model, "
+    "fetched on first use), an HF model or adapter folder, a .gguf",
 )
 DeviceOpt = typer.Option("cpu", "--device", help="cpu, cuda, cuda:N or auto")
 DtypeOpt = typer.Option(
@@ -88,7 +89,7 @@ StoreOpt = typer.Option(None, "--store", help="store directory (default: $TURBOR
 StoreModelOpt = typer.Option(
     None,
     "--model",
-    help=f"{DEFAULT_MODEL}, {BASE_MODEL}, an HF model or adapter folder or a .gguf file "
+    help=f"{DEFAULT_MODEL}, {BASE_MODEL}, {QWEN_MODEL}, an HF model or adapter folder or a .gguf file "
     "(default: the store's model)",
 )
 StoreTemplateOpt = typer.Option(None, "--template", help="auto, plain or chat (default: the store's)")

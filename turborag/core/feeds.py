@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from turborag.core import ape, hf_compat
+from turborag.core import ape, hf_compat, query_adapter
 
 
 @dataclass
@@ -49,6 +49,7 @@ class Feed:
     start: int
     keep: int
     attention: ape.ApeContext | None = None
+    adapter: bool = False
 
     @property
     def tokens(self) -> int:
@@ -61,7 +62,8 @@ class Feed:
         x = torch.tensor([self.ids], device=dev)  # (1, T)
         pos = torch.arange(self.start, self.start + len(self.ids), device=dev)[None]  # (1, T)
         extra = {"ape": self.attention} if self.attention is not None else {}
-        with ape.enabled(self.model) if self.attention is not None else contextlib.nullcontext():
+        ape_on = ape.enabled(self.model) if self.attention is not None else contextlib.nullcontext()
+        with ape_on, query_adapter.active(self.model, self.adapter):
             return hf_compat.forward(self.model, x, pos, self.cache, logits_to_keep=self.keep, **extra)[0]
 
 
@@ -115,7 +117,9 @@ def feed_together(feeds: list[Feed], windows: list[int | None]) -> list[torch.Te
         else {("sliding_attention" if w is not None else "full_attention"): m for w, m in masks.items()}
     )
     keep = max(f.keep for f in feeds)
-    logits = hf_compat.forward(model, ids, pos, cache, attention_mask=mask, logits_to_keep=keep)  # (B, K, V)
+    with query_adapter.active(model, [f.adapter for f in feeds]):
+        logits = hf_compat.forward(model, ids, pos, cache, attention_mask=mask, logits_to_keep=keep)
+    # logits: (B, K, V)
     for i in range(len(windows)):
         k_buf, v_buf = cache.layers[i].keys, cache.layers[i].values  # (B, H, end + T, D)
         for b, f in enumerate(feeds):

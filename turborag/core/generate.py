@@ -174,6 +174,7 @@ class DecodeState:
         cached_tokens: int = 0,
         forced: list[int] | None = None,  # a reply decided before decoding: emitted instead of picked
         attention=None,  # core.ape.ApeContext of a turbo-ape sequence: its decode steps attend with APE
+        adapter: bool = False,  # its tokens go through the model's query-side adapter (core/query_adapter.py)
     ):
         self.params = params
         self.stop_ids = stop_ids
@@ -193,6 +194,7 @@ class DecodeState:
         self._answer = answer
         self._forced = list(forced) if forced else None
         self.attention = attention
+        self.adapter = adapter
 
     @property
     def remaining(self) -> int:

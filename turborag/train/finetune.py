@@ -21,6 +21,7 @@ same data stream, because example order is a pure function of (seed, step).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -39,10 +40,12 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from turborag.core import hf_compat, kv
+from turborag.core import hf_compat, kv, query_adapter
+from turborag.core.generate import eos_ids
 from turborag.core.model import LoadedModel, layer_inv_freq
 from turborag.core.progress import progress_bar
 from turborag.core.prompt import PromptLayout, answer_ids
+from turborag.train.distill import Teacher, TeacherFile, distill_loss, teach
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +75,16 @@ class TrainConfig:
     init_adapter: str | None = None  # start from this LoRA adapter's weights instead of zero (a second stage)
     recipe: str | None = None  # the recipe (train/recipe.py) the run comes from, recorded with the adapter
     recipe_hash: str | None = None  # and its hash: which version of that recipe
+    # "answer": cross-entropy on the data's answer; "distill": match the model's own full-prefill answer and
+    # next-token distributions (train/distill.py), no labels needed
+    objective: str = "answer"
+    # "both": the chunk caches pass through the adapter too (TurboRAG's fine-tune; a store must be recomputed
+    # for it); "query": only the question and answer tokens do, the caches are the frozen base's
+    # (core/query_adapter.py), so one store serves the base and the adapter
+    side: str = "both"
+    teacher: str | None = None  # the distillation teachers' JSONL (default OUT/teacher.jsonl): reusable
+    teacher_tokens: int = 48  # the teacher's greedy answer is cut at this many tokens
+    teacher_top_k: int = 16  # next-token candidates of the teacher kept per answer position
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -108,20 +121,55 @@ def serving_logits(
     return logits[0]
 
 
+def query_side_logits(
+    model: torch.nn.Module,
+    inv_freq: torch.Tensor,  # (layers, head_dim/2)
+    prefix: list[int],
+    chunks: Sequence[list[int]],
+    tail: list[int],  # question suffix + answer tokens
+    positions: str = "reordered",
+) -> torch.Tensor:
+    """`serving_logits` of turbo with a query-side adapter: the prefix and chunk caches are the frozen base's
+    (adapter off, no grad: constants of the graph, exactly as a store serves them), and only `tail` runs
+    through the adapter with autograd. Backpropagation covers the tail's tokens only."""
+    dev = next(model.parameters()).device
+    with torch.no_grad(), query_adapter.active(model, False):
+        prefix_kv = kv.prefill_prefix(model, prefix)
+        chunk_kv = kv.precompute_chunks(model, prefix_kv, chunks, batch_size=len(chunks))
+    cache, next_pos = kv.assemble(prefix_kv, chunk_kv, inv_freq, positions)
+    x = torch.tensor([tail], device=dev)  # (1, S)
+    with query_adapter.active(model, True):
+        logits = hf_compat.forward(
+            model, x, torch.arange(next_pos, next_pos + len(tail), device=dev)[None], cache
+        )
+    return logits[0]
+
+
+def student_logits(model, inv_freq, layout: PromptLayout, chunks, tail: list[int], cfg: TrainConfig):
+    """The logits the trained model serves for `tail` on top of `chunks`, as `cfg.side` trains them."""
+    prefix = layout.prefix_ids()
+    if cfg.side == "query":
+        return query_side_logits(model, inv_freq, prefix, chunks, tail, cfg.positions)
+    on = query_adapter.active(model, True) if query_adapter.attached(model) else contextlib.nullcontext()
+    with on:
+        return serving_logits(model, inv_freq, prefix, chunks, tail, cfg.causal, cfg.positions)
+
+
 def example_loss(
-    model, inv_freq, layout: PromptLayout, ex: dict, cfg: TrainConfig
+    model, inv_freq, layout: PromptLayout, ex: dict, cfg: TrainConfig, teacher: Teacher | None = None
 ) -> tuple[torch.Tensor, int]:
-    """Mean cross-entropy over the answer tokens of one example; returns (loss, answer tokens)."""
-    tok = layout.tokenizer
+    """One example's loss and its answer tokens: the mean cross-entropy over the data's answer, or with a
+    `teacher` (objective "distill") the mean KL to the full-prefill model over the teacher's answer."""
     chunks = [layout.chunk_ids(c)[: cfg.max_passage_tokens] for c in ex["contexts"]]
     suffix = layout.suffix_ids(ex["question"])
-    target = answer_ids(tok, ex["answers"][0])
-    tail = suffix + target
-    logits = serving_logits(model, inv_freq, layout.prefix_ids(), chunks, tail, cfg.causal, cfg.positions)
-    # logits at position j predict tail[j + 1]: the answer starts at len(suffix)
-    pred = logits[len(suffix) - 1 : -1]  # (A, vocab)
-    loss = F.cross_entropy(pred.float(), torch.tensor(target, device=pred.device))
-    return loss, len(target)
+    target = teacher.tokens if teacher is not None else answer_ids(layout.tokenizer, ex["answers"][0])
+    # logits at position j predict tail[j + 1]: the answer's first token is predicted at len(suffix) - 1,
+    # and its last token is never fed
+    tail = suffix + target[:-1]
+    pred = student_logits(model, inv_freq, layout, chunks, tail, cfg)[len(suffix) - 1 :]  # (A, vocab)
+    if teacher is not None:
+        return distill_loss(pred, teacher), len(target)
+    return F.cross_entropy(pred.float(), torch.tensor(target, device=pred.device)), len(target)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -235,7 +283,26 @@ def prepare_model(lm: LoadedModel, cfg: TrainConfig) -> torch.nn.Module:
     if cfg.init_adapter:
         load_adapter_weights(model, Path(cfg.init_adapter), cfg.rank)
     assert all(p.dtype == torch.float32 for p in _trainable(model).values())
+    if cfg.side == "query" or cfg.objective == "distill":
+        # The adapter is off unless a forward asks for it: the teacher and the frozen context are the base.
+        query_adapter.register(lm.model)
     return model
+
+
+OBJECTIVES = ("answer", "distill")
+SIDES = ("both", "query")
+
+
+def check_config(cfg: TrainConfig) -> None:
+    """Refuse settings that do not go together, before any model is loaded."""
+    if cfg.objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {cfg.objective!r}: use one of {', '.join(OBJECTIVES)}")
+    if cfg.side not in SIDES:
+        raise ValueError(f"unknown side {cfg.side!r}: use one of {', '.join(SIDES)}")
+    if cfg.side == "query" and (not cfg.lora or cfg.causal):
+        raise ValueError("a query-side adapter is a LoRA adapter trained on turbo: no --full, no --causal")
+    if cfg.objective == "distill" and (cfg.causal or not cfg.lora):
+        raise ValueError("distillation trains turbo against the base in full mode: LoRA, no --causal")
 
 
 def load_adapter_weights(model, adapter: Path, rank: int) -> None:
@@ -259,6 +326,7 @@ def load_adapter_weights(model, adapter: Path, rank: int) -> None:
 
 def finetune(lm: LoadedModel, cfg: TrainConfig, progress: bool = True) -> Path:
     """Train, checkpointing as it goes; writes the final model folder to `cfg.out/model`."""
+    check_config(cfg)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     data = load_train_data(cfg.data)
@@ -271,6 +339,7 @@ def finetune(lm: LoadedModel, cfg: TrainConfig, progress: bool = True) -> Path:
     start, losses = load_checkpoint(out, model, opt)
     if start:
         log.warning("resuming from step %d", start)
+    teacher_of = _teachers(lm, layout, cfg, data)
 
     warmup = cfg.warmup
 
@@ -289,7 +358,7 @@ def finetune(lm: LoadedModel, cfg: TrainConfig, progress: bool = True) -> Path:
         opt.zero_grad(set_to_none=True)
         total = 0.0
         for i in batch_for_step(len(data), step, cfg.batch, cfg.seed):
-            loss, _ = example_loss(model, inv_freq, layout, data[i], cfg)
+            loss, _ = example_loss(model, inv_freq, layout, data[i], cfg, teacher_of(i))
             (loss / cfg.batch).backward()
             total += loss.item() / cfg.batch
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -306,6 +375,24 @@ def finetune(lm: LoadedModel, cfg: TrainConfig, progress: bool = True) -> Path:
     bar.close()
     log.info("trained %d steps in %.0f s", cfg.steps - start, time.perf_counter() - t0)
     return export(model, lm, cfg, out)
+
+
+def _teachers(lm: LoadedModel, layout: PromptLayout, cfg: TrainConfig, data: list[dict]):
+    """Example index -> its Teacher (objective "distill"; computed on first use and kept in the teacher
+    file), or -> None for the answer objective."""
+    if cfg.objective != "distill":
+        return lambda i: None
+    known = TeacherFile(Path(cfg.teacher) if cfg.teacher else Path(cfg.out) / "teacher.jsonl")
+    stops = eos_ids(lm.tokenizer, lm.model)
+
+    def teacher_of(i: int) -> Teacher:
+        def compute() -> Teacher:
+            ex, top_k = data[i], cfg.teacher_top_k
+            return teach(lm.model, layout, stops, ex, cfg.teacher_tokens, top_k, cfg.max_passage_tokens)
+
+        return known.get(i, compute)
+
+    return teacher_of
 
 
 def _log_step(out: Path, step: int, loss: float, lr: float, seconds: float) -> None:
@@ -384,6 +471,10 @@ def export(model, lm: LoadedModel, cfg: TrainConfig, out: Path) -> Path:
     the small LoRA adapter alone under `out/adapter` for shipping. The merge is made into fp32 base weights
     (reloaded when training ran on bf16 ones), as serving merges a shipped adapter."""
     dest = out / "model"
+    if cfg.side == "query":
+        # Never merged: merged weights would run the adapter over the context too. The adapter is the model.
+        save_adapter(model, cfg, out / "adapter", cfg.steps)
+        return out / "adapter"
     if cfg.lora:
         save_adapter(model, cfg, out / "adapter", cfg.steps)
         if lm.dtype != torch.float32:
@@ -393,7 +484,8 @@ def export(model, lm: LoadedModel, cfg: TrainConfig, out: Path) -> Path:
 
             base = load_model(cfg.model, str(lm.device), torch.float32).model
             model = PeftModel.from_pretrained(base, str(out / "adapter"))
-        merged = model.merge_and_unload()
+        with query_adapter.active(model, True):  # a distilled adapter is off between forwards
+            merged = model.merge_and_unload()
     else:
         merged = model
     merged.eval()
