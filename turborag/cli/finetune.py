@@ -40,6 +40,20 @@ def finetune(
         None, "--init-adapter", help="start from this LoRA adapter (a second stage on another mix)"
     ),
     warmup: int = typer.Option(20, min=0, help="learning-rate warm-up steps"),
+    objective: str = typer.Option(
+        "answer",
+        help="answer: cross-entropy on the data's answers; distill: turbo learns to answer what the same "
+        "model answers in full mode (its greedy answer and next-token distributions; no labels used)",
+    ),
+    side: str = typer.Option(
+        "both",
+        help="both: the chunk caches pass through the adapter too (a store must be recomputed for it); "
+        "query: only question and answer tokens do, so the base model's store serves it unchanged",
+    ),
+    teacher: Path = typer.Option(
+        None, "--teacher", help="distill: the teachers' JSONL to reuse and extend (default OUT/teacher.jsonl)"
+    ),
+    teacher_tokens: int = typer.Option(48, min=1, help="distill: the teacher's answer is cut at N tokens"),
     device: str = DeviceOpt,
     dtype: str = typer.Option(
         "auto",
@@ -83,6 +97,10 @@ def finetune(
         keep_every=keep_every,
         init_adapter=str(init_adapter) if init_adapter else None,
         warmup=warmup,
+        objective=objective,
+        side=side,
+        teacher=str(teacher) if teacher else None,
+        teacher_tokens=teacher_tokens,
     )
     dest = _train(cfg, device, _checked(cfg, device))
     typer.echo(f"fine-tuned model written to {dest} (use it with --model {dest})", err=True)
@@ -156,11 +174,16 @@ def _checked(cfg, device: str):
     """The torch dtype of the base weights, once the settings that do not go together are refused (and
     `cfg.dtype` set to its name)."""
     from turborag.core.model import ModelError, dtype_name, resolve_device, resolve_dtype
+    from turborag.train.finetune import check_config
 
     if cfg.init_adapter is not None and not cfg.lora:
         fail("--init-adapter continues a LoRA adapter: it does not go with --full")
     if cfg.positions not in ("reordered", "composite"):
         fail(f"unknown positions {cfg.positions!r}: use reordered or composite")
+    try:
+        check_config(cfg)
+    except ValueError as e:
+        fail(str(e))
     if cfg.dtype not in ("auto", "float32", "bfloat16"):
         fail(f"unknown --dtype {cfg.dtype!r}: use auto, float32 or bfloat16")
     if not cfg.lora and cfg.dtype == "bfloat16":

