@@ -17,7 +17,8 @@ its own kind of question but left three gaps, each closed here by a part of the 
   unanswerable questions differ from the answerable ones in entity, wording and passages, so a model can
   learn to abstain on cues other than the missing passage; the third fine-tune abstained on only 40% of
   held-out unanswerable questions, and the probability it gave the abstention separated them from
-  answerable ones poorly (ROC AUC 0.77, docs/BENCHMARKS.md).  In a pair the missing passage is the only
+  answerable ones poorly (ROC AUC 0.77, notes/2026-12-03-adapter-stages.md).  In a pair the missing passage
+  is the only
   difference;
 - documentation layout: by default half the real-text records are re-rendered as documentation pages
   (docstyle.py: a title, paragraphs, lines wrapped at 70 columns, questions without backticks), answerable

@@ -5,7 +5,8 @@ synth.py asks templated questions about invented entities.  A model trained on t
 unanswerable questions learned to answer only those templates: given a question in any other wording it
 replied "The passages do not say.", even with a single passage holding the answer sentence ("What does an
 imaginary literal yield?" over "An imaginary literal yields a complex number ...": 16 of 18 such
-questions over the demo corpus were declined, docs/BENCHMARKS.md).  Abstention had become a reaction to
+questions over the demo corpus were declined, notes/2026-12-03-adapter-stages.md).  Abstention had become a
+reaction to
 the question's form, not to the passages.
 
 This module asks questions the way a reader of documentation does, about whatever a sentence states:

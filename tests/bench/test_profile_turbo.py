@@ -1,4 +1,5 @@
-"""scripts/profile_turbo.py (BENCHMARKS cites it): the phases of one turbo request and the floor's distance
+"""scripts/profile_turbo.py (turborag_research/notes/2026-12-06-ttft-floor.md cites it): the phases of one
+turbo request and the floor's distance
 from the compute limit, on a tiny Gemma 3."""
 
 from __future__ import annotations

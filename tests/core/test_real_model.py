@@ -33,10 +33,10 @@ def base_engine(tmp_path_factory):
 
 def test_answer_contains_fact_in_full_and_turbo(base_engine):
     """A pipeline check on the base model, not an accuracy claim: without the cache-aware fine-tune turbo
-    loses accuracy on many orderings (measured by `turborag eval`, docs/BENCHMARKS.md); this ordering is one
-    the base model reads right in both modes (with the fact passage in the middle, turbo answers "Veltrano
-    Dynamics").  The shipped adapter answers it in full but declines it in turbo ("The passages do not
-    say."), one of its false abstentions, which docs/BENCHMARKS.md counts."""
+    loses accuracy on many orderings (measured by `turborag eval`, turborag_research/notes/); this ordering
+    is one the base model reads right in both modes (with the fact passage in the middle, turbo answers
+    "Veltrano Dynamics").  The shipped adapter answers it in full but declines it in turbo ("The passages
+    do not say."), one of its false abstentions (turborag_research/notes/2026-12-03-adapter-stages.md)."""
     engine = base_engine
     params = SamplingParams(max_new_tokens=16, stop_at_newline=True)
     for mode in ("full", "turbo"):

@@ -96,7 +96,8 @@ def bench_ttft(
     Full prefill is measured `repeats` times. Turbo and the floor are measured `samples` times per repeat, in
     turbo-then-floor pairs: each takes a tenth of a second against seconds to minutes for a full prefill,
     and with one request each per repeat, turbo / floor at 8k context tokens moved by 10-20 points from run
-    to run (docs/BENCHMARKS.md, issue 37) as the machine's speed drifted between the two. Within a repeat,
+    to run (turborag_research/notes/2026-12-06-ttft-floor.md) as the machine's speed drifted between the two.
+    Within a repeat,
     full goes first or last by turns."""
     rows = []
     one = SamplingParams(max_new_tokens=1)

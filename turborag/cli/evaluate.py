@@ -113,7 +113,7 @@ def eval_cmd(
         if spec == model:
             threshold, checked = engine.abstain_threshold, engine.name_check
         got = run_eval(
-            engine, examples, group, max_new_tokens, progress=not as_json, predictions=preds, scoring=scoring
+            engine, examples, group, max_new_tokens, progress=True, predictions=preds, scoring=scoring
         )
         results.update({(m if spec == model else f"{m}@{spec}"): r for m, r in got.items()})
         del engine

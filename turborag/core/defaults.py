@@ -47,7 +47,8 @@ def turborag_home() -> Path:
 # clients on 2 CPU cores (bf16), a quarter of them in `full` mode, a batch of 16 left turbo requests queued
 # behind `full` ones that held their slots through a long prefill (turbo TTFT p99 5.8x the turbo-only
 # load's); at 32 nothing queues, the prefills take turns within the token budget, and the turbo p99 was
-# 1.1-1.6x; turbo only, 4.1-4.9x the requests/s of one at a time (4.6x at 16) (docs/BENCHMARKS.md). Each
+# 1.1-1.6x; turbo only, 4.1-4.9x the requests/s of one at a time (4.6x at 16)
+# (turborag_research/notes/2026-12-06-serving-under-load.md). Each
 # admitted request holds its own assembled cache, so memory grows with it.
 DEFAULT_MAX_BATCH = 32
 # Prompt tokens the server prefills between two decode steps (how long new requests may stall running ones).

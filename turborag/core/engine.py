@@ -108,7 +108,8 @@ def reply_logprob(logits: torch.Tensor, reply: list[int]) -> float:
     Why the engine scores its abstention reply this way: greedy decoding abstains only when the reply's
     tokens win one by one, yet the probability the shipped fine-tune gives the whole reply tells questions
     whose answering passage is missing from answerable ones better (ROC AUC 0.98 on held-out twins,
-    docs/BENCHMARKS.md), so a threshold below one half catches more of them. The reply rides in the same
+    turborag_research/notes/2026-12-01-abstention-threshold.md), so a threshold below one half catches more
+    of them. The reply rides in the same
     forward as the prompt (about 6 more tokens), so scoring costs no extra pass over the weights.
     """
     logp = logits.float().log_softmax(-1)  # (R, vocab)

@@ -5,7 +5,8 @@ It runs on a handful of rows at a time when serving: the question's last token a
 threshold, the scored reply's tokens (6 rows), or one row per sequence in a batched decode step. For such
 rows torch's CPU matmul computes `x @ W.T` (what `nn.Linear` does) 2-3x slower than `W @ x.T`, which is the
 same product: fp32 on 2 AVX2 cores, 6 rows 136 ms against 58 ms, 8 rows 122 ms against 55 ms, one row 44 ms
-either way (docs/BENCHMARKS.md). A product with one row runs on one thread, so the vocabulary is split
+either way (turborag_research/notes/2026-12-05-output-layer.md). A product with one row runs on one thread,
+so the vocabulary is split
 into one block per thread (a batched product): one row 46 ms -> 25 ms on 2 cores, a decode step's
 output layer. The hidden layers' matrices showed no such gap, so only the output layer
 is changed, and only for CPU inputs of at most `FEW_ROWS` rows; the weights (tied to the embeddings in

@@ -13,7 +13,7 @@ How a text is cut:
 
 A chunk's text is a slice of the document (original whitespace kept); its id is `doc_id#ordinal:hash12`,
 stable for the same text and parameters. The defaults (256 tokens, 32 overlap) were measured
-(`turborag_research/experiments/measure_chunking.py`, README "Chunk size").
+(`turborag_research/experiments/measure_chunking.py`, docs/USING.md, "Chunk size").
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ It is separate from the serving model: it only decides
 The index is exact: one (N, 384) float32 matrix of unit vectors, score = dot product = cosine. The catalog
 (SQLite) is the source of truth and holds every chunk's vector; `index.safetensors` is a snapshot of the
 matrix tagged with the catalog's generation, rewritten after an ingest and rebuilt on the spot when stale
-(e.g. after a killed ingest). Search is one matrix-vector product. Measured on 2 busy CPU cores (README,
+(e.g. after a killed ingest). Search is one matrix-vector product. Measured on 2 busy CPU cores
+(docs/USING.md,
 "Retrieval index"): top-16 in 16 ms at 100k chunks, 74 ms at 500k, 128 ms at 1M, plus loading the snapshot
 once per process (0.1 s at 100k, 1 s at 1M). It stays fast up to a few hundred thousand chunks; beyond that an
 approximate index (HNSW, IVF) or a resident server process is the next step.

@@ -1,4 +1,4 @@
-"""How the default chunk size and overlap were chosen (README, "Chunk size").
+"""How the default chunk size and overlap were chosen (docs/USING.md, "Chunk size").
 
     python -m turborag_research.experiments.measure_chunking [--no-precompute]
 
