@@ -277,3 +277,17 @@ def test_the_length_checker_counts_the_body_not_the_signature():
     assert long_functions(signature + "    return a\n") == []
     body = "def g():\n    '''Why.'''\n" + "    x = 1\n" * 60
     assert long_functions(body) == [("g", 61)]
+
+
+def test_only_the_cli_imports_the_cli():
+    """The research code and the scripts build engines through the library (turborag.rag.engines), never
+    through the command line's helpers, which exit the process on an error."""
+    root = ROOT.parent
+    known = set(module_names())
+    found = []
+    for path in [*(root / RESEARCH).rglob("*.py"), *(root / "scripts").rglob("*.py")]:
+        name = ".".join(path.relative_to(root).with_suffix("").parts)
+        for target in imports_of(name, path.read_text(), known):
+            if target == "turborag.cli" or target.startswith("turborag.cli."):
+                found.append(f"{path.relative_to(root)} imports {target}")
+    assert found == []

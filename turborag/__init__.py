@@ -35,6 +35,8 @@ _PUBLIC = {
     "Embedder": "turborag.rag.embed",
     "Ingestor": "turborag.rag.ingest",
     "Retriever": "turborag.rag.retrieve",
+    "open": "turborag.rag.engines",
+    "scratch_engine": "turborag.rag.engines",
 }
 
 __all__ = [
@@ -51,6 +53,8 @@ __all__ = [
     "Retriever",
     "SamplingParams",
     "load_model",
+    "open",
+    "scratch_engine",
 ]
 
 

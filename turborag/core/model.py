@@ -39,15 +39,12 @@ from turborag.core.defaults import (
     turborag_home,
 )
 from turborag.core.downloads import QWEN25_CODER_15B
+from turborag.core.errors import ModelError
 from turborag.core.files import file_digest
 from turborag.core.head import use_few_rows_head
 from turborag.core.tokenizer import load_tokenizer
 
 log = logging.getLogger(__name__)
-
-
-class ModelError(Exception):
-    """A model that cannot be loaded or used for cache reuse; the message says why."""
 
 
 @dataclass

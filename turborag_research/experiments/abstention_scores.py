@@ -21,9 +21,9 @@ import json
 import math
 from pathlib import Path
 
-from turborag.cli.loading import engine_for
 from turborag.core.engine import Engine
 from turborag.core.generate import SamplingParams
+from turborag.rag.engines import scratch_engine
 
 
 def abstention_logprob(engine: Engine, question: str, contexts: list[str], mode: str) -> float:
@@ -48,7 +48,7 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=None, help="first N questions of each file")
     p.add_argument("--json", type=Path, default=None, help="also write every score here")
     args = p.parse_args()
-    engine = engine_for(args.model, "cpu", None, "auto", "auto")
+    engine = scratch_engine(args.model, "cpu", None, "auto", "auto")
     a = scores(engine, args.answerable, args.mode, args.limit)
     u = scores(engine, args.unanswerable, args.mode, args.limit)
     # ROC AUC: the chance that an unanswerable question scores above an answerable one (ties count half)
