@@ -67,7 +67,8 @@ def measure(engine: Engine, size: int, repeats: int, sweep: torch.Tensor) -> tup
 
     floor, loading, both = [], [], []
     for _ in range(repeats):
-        cache, next_pos, _, _ = engine.assemble(prompt, "turbo", reserve)
+        ctx = engine.assemble(prompt, "turbo", reserve)
+        cache, next_pos = ctx.cache, ctx.next_pos
         sweep.sum()
         t = time.perf_counter()
         forward(cache, next_pos)

@@ -29,7 +29,7 @@ _PUBLIC = {
     "Engine": "turborag.core.engine",
     "EngineOptions": "turborag.core.options",
     "Answer": "turborag.core.engine",
-    "MODES": "turborag.core.engine",
+    "MODES": "turborag.core.modes",
     "SamplingParams": "turborag.core.generate",
     "Chunker": "turborag.rag.chunker",
     "Embedder": "turborag.rag.embed",
@@ -71,9 +71,10 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
-    from turborag.core.engine import MODES, Answer, Engine
+    from turborag.core.engine import Answer, Engine
     from turborag.core.generate import SamplingParams
     from turborag.core.model import load_model
+    from turborag.core.modes import MODES
     from turborag.core.options import EngineOptions
     from turborag.rag.chunker import Chunker
     from turborag.rag.embed import Embedder

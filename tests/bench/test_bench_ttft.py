@@ -128,7 +128,8 @@ def test_the_floor_does_the_model_work_turbo_does(tmp_path, monkeypatch):
     prompt = engine.layout.build(QUESTION, passages)
     logits = []
     for scored in (False, True):
-        cache, next_pos, _, _ = engine.assemble(prompt, "turbo", len(prompt.suffix) + 40)
+        ctx = engine.assemble(prompt, "turbo", len(prompt.suffix) + 40)
+        cache, next_pos = ctx.cache, ctx.next_pos
         logits.append(engine.prefill_question(cache, prompt, next_pos, scored=scored))
     torch.testing.assert_close(logits[0], logits[1], atol=1e-5, rtol=0)
 

@@ -10,7 +10,7 @@ import sys
 from typer.testing import CliRunner
 
 from turborag.cli import app
-from turborag.core.engine import MODES
+from turborag.core.modes import MODES
 from turborag.core.prompt import ABSTAIN
 from turborag_research.synth import generate, write_jsonl
 

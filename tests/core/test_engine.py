@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from turborag.core.defaults import UNTUNED_MODE
-from turborag.core.engine import MODES, Answer, Engine, PromptTooLong
+from turborag.core.engine import Answer, Engine, PromptTooLong
 from turborag.core.generate import SamplingParams
+from turborag.core.modes import MODES
 from turborag.store.kv_store import KVStore
 
 PASSAGES = [

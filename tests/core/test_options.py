@@ -45,8 +45,8 @@ def test_a_variant_shares_model_and_caches_and_leaves_the_engine_as_it_was(gemma
     engine = Engine(gemma_lm, KVStore(tmp_path, cache_format="float32"), EngineOptions(ram_cache_bytes=10**8))
     variant = engine.with_options(recompute_k=4, abstain_threshold=1.0)
     assert variant.caches is engine.caches and variant.prefix_kv is engine.prefix_kv
-    assert (variant.recompute_k, variant.abstain_threshold) == (4, 1.0)
-    assert (engine.recompute_k, engine.abstain_threshold) == (16, gemma_lm.abstain_threshold)
+    assert (variant.training_free.recompute_k, variant.abstain_threshold) == (4, 1.0)
+    assert (engine.training_free.recompute_k, engine.abstain_threshold) == (16, gemma_lm.abstain_threshold)
     engine.precompute(PASSAGES)
     one = SamplingParams(max_new_tokens=1)
     assert variant.answer("Who founded Veltrano?", PASSAGES, "turbo", one).abstain_logprob is not None

@@ -73,11 +73,11 @@ def test_auto_uses_the_recorded_settings_and_says_when_below_full(gemma_lm, tmp_
     }
     engine = Engine(gemma_lm, KVStore(tmp_path, cache_format="float32"))
     assert engine.resolve_mode("auto") == "turbo-ape"
-    assert (engine.ape_temperature, engine.ape_scale) == (0.7, 0.8)
+    assert (engine.training_free.ape_temperature, engine.training_free.ape_scale) == (0.7, 0.8)
     assert "10% below full" in engine.auto_notice()
     assert "plain turbo" not in engine.auto_notice() and "too few" not in engine.auto_notice()
     explicit = Engine(gemma_lm, KVStore(tmp_path, cache_format="float32"), EngineOptions(ape_temperature=1.0))
-    assert explicit.ape_temperature == 1.0  # an explicit setting wins over the record
+    assert explicit.training_free.ape_temperature == 1.0  # an explicit setting wins over the record
 
 
 def test_rgb_is_refused(env, model_copy, tmp_path):
@@ -103,9 +103,9 @@ def test_candidates_restore_the_engine_settings(gemma_lm, tmp_path):
     engine = Engine(gemma_lm, KVStore(tmp_path, cache_format="float32"))
     data = _qa_file(tmp_path / "qa.jsonl")
     examples, _ = load_examples(data, 1)
-    before = engine.ape_temperature
+    before = engine.training_free.ape_temperature
     calibrate(engine, examples, [Candidate("turbo-ape", {"ape_temperature": 0.5})], 4, progress=False)
-    assert engine.ape_temperature == before
+    assert engine.training_free.ape_temperature == before
     with pytest.raises(ValueError, match="unknown setting"):
         calibrate(engine, examples, [Candidate("turbo", {"temperature": 2})], 4, progress=False)
 

@@ -160,7 +160,8 @@ def floor_ttft(engine: Engine, question: str, passages: Sequence[str]) -> float:
     abstain` measures what it costs)."""
     prompt = engine.layout.build(question, list(passages))
     reserve = len(prompt.suffix) + len(engine.scored_reply) + 8
-    cache, next_pos, _, _ = engine.assemble(prompt, "turbo", reserve)
+    ctx = engine.assemble(prompt, "turbo", reserve)
+    cache, next_pos = ctx.cache, ctx.next_pos
     t = time.perf_counter()
     logits = engine.prefill_question(cache, prompt, next_pos, scored=True)
     int(logits.argmax())  # the first token, as greedy decoding picks it (and a device sync)

@@ -9,17 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-MODE_COLORS = {  # one colour per mode, the same in every plot
-    "full": "#4c72b0",
-    "turbo": "#dd8452",
-    "turbo-composite": "#55a868",
-    "turbo-epic": "#c44e52",
-    "turbo-blend": "#8172b3",
-    "turbo-ape": "#64b5cd",
-    "turbo-ape-epic": "#da8bc3",
-    "auto": "#937860",
-    "floor": "#8c8c8c",
-}
+from turborag.core.modes import COLORS
+
+MODE_COLORS = COLORS  # one colour per mode, the same in every plot (core/modes.py)
 
 
 class PlotUnavailable(RuntimeError):

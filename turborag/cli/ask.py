@@ -23,7 +23,7 @@ from turborag.cli.common import (
 )
 from turborag.cli.loading import default_store, load_engine, open_catalog
 from turborag.cli.remote import ServerBusy, ServerError, ServerUnreachable, ask_server, find_server
-from turborag.core.defaults import MODES
+from turborag.core.modes import MODES
 
 
 def ask(

@@ -28,7 +28,7 @@ from turborag.cli.common import (
     write_plot,
 )
 from turborag.cli.loading import engine_for
-from turborag.core.defaults import MODES
+from turborag.core.modes import MODES
 from turborag.eval.metrics import SCORINGS
 
 

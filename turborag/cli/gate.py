@@ -75,8 +75,8 @@ def gate(
 ) -> None:
     """Promotion gate: CANDIDATE against --against on every gate set, full and turbo, paired sign tests."""
     from turborag.cli.loading import engine_for
-    from turborag.core.engine import check_mode
     from turborag.core.model import ModelError
+    from turborag.core.modes import check_mode
     from turborag.eval import gate as g
 
     names = [s.strip() for s in sets.split(",") if s.strip()]

@@ -36,11 +36,11 @@ import torch
 from transformers import AttentionInterface
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-from turborag.core.options import TRAINING_FREE_DEFAULTS
+from turborag.core.options import TrainingFree
 
 ATTENTION = "turborag_ape"
-DEFAULT_TEMPERATURE = TRAINING_FREE_DEFAULTS["ape_temperature"]
-DEFAULT_SCALE = TRAINING_FREE_DEFAULTS["ape_scale"]
+DEFAULT_TEMPERATURE = TrainingFree.ape_temperature
+DEFAULT_SCALE = TrainingFree.ape_scale
 
 
 @dataclass(frozen=True)

@@ -15,16 +15,6 @@ DEFAULT_MODEL = "gemma-3-270m-turbo"  # BASE_MODEL + the shipped cache-aware LoR
 # Qwen2.5-Coder-1.5B-Instruct, its Q4_K_M GGUF as published on PyPI in 22 parts (core/downloads.py)
 QWEN_MODEL = "qwen2.5-coder-1.5b"
 NAMED_MODELS = (DEFAULT_MODEL, BASE_MODEL, QWEN_MODEL)  # what `--model` takes by name
-MODES = (
-    "auto",
-    "full",
-    "turbo",
-    "turbo-composite",
-    "turbo-epic",
-    "turbo-blend",
-    "turbo-ape",
-    "turbo-ape-epic",
-)
 # `auto`: turbo on a model with a cache-aware fine-tune; on any other model the training-free mode that
 # measured best (docs/BENCHMARKS.md, "Models nobody tuned"), since plain turbo loses accuracy there.
 UNTUNED_MODE = "turbo-blend"

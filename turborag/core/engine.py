@@ -30,18 +30,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from turborag.core import ape, grounding, hf_compat, kv, query_adapter, recompute
+from turborag.core import ape, grounding, hf_compat, kv, modes, query_adapter, recompute
 from turborag.core.defaults import (
     CALIBRATION_FEW_RIGHT,
     CALIBRATION_SLOWER,
     CALIBRATION_WITHIN,
-    MODES,
     UNTUNED_MODE,
 )
 from turborag.core.feeds import Feed
 from turborag.core.generate import DecodeState, SamplingParams, eos_ids
 from turborag.core.model import LoadedModel, layer_inv_freq, layer_windows
-from turborag.core.options import TRAINING_FREE_DEFAULTS, EngineOptions
+from turborag.core.modes import check_mode
+from turborag.core.options import TRAINING_FREE_DEFAULTS, EngineOptions, TrainingFree
 from turborag.core.prefix_cache import PrefixCache
 from turborag.core.prompt import ABSTAIN, Prompt, PromptLayout, answer_ids
 from turborag.store.chunk_kv import ChunkKV
@@ -51,16 +51,6 @@ from turborag.store.kv_store import KVStore, cache_key
 from turborag.store.tiered import TieredStore
 
 log = logging.getLogger(__name__)
-
-_POSITIONS = {
-    "turbo": "reordered",
-    "turbo-composite": "composite",
-    "turbo-epic": "reordered",
-    "turbo-blend": "reordered",
-    "turbo-ape": "reordered",
-    "turbo-ape-epic": "reordered",
-}
-_RECOMPUTE = {"turbo-epic": "epic", "turbo-blend": "blend", "turbo-ape-epic": "epic"}
 
 
 class PromptTooLong(ValueError):
@@ -83,10 +73,36 @@ class Answer:
     missing_names: list[str] = field(default_factory=list)  # why the name check declined (grounding.py)
 
 
-def check_mode(mode: str) -> str:
-    if mode not in MODES:
-        raise ValueError(f"unknown mode {mode!r}: use one of {', '.join(MODES)}")
-    return mode
+@dataclass
+class Assembled:
+    """A turbo context ready for the question: the prefix and chunk caches placed in one cache."""
+
+    cache: hf_compat.DynamicCache
+    next_pos: int  # the position of the question's first token
+    cached: int  # prompt tokens served from caches (prefix + chunks, less any recomputed)
+    computed: int  # chunks whose cache was missing and computed inside this request
+
+
+@dataclass
+class Prefilled:
+    """A prompt after its prefill: what decoding starts from, and what the Answer reports about it."""
+
+    cache: hf_compat.DynamicCache
+    logits: torch.Tensor  # (1 + scored reply tokens, vocab): the prompt's last token's first
+    next_pos: int  # the position of the first generated token
+    cached: int  # prompt tokens served from caches
+    computed: int  # chunks computed inside this request
+    attention: ape.ApeContext | None = None  # APE's context, for a sequence answering in turbo-ape
+    adapter: bool = False  # decodes through the query-side adapter (query_adapter.py)
+
+
+@dataclass
+class Decision:
+    """What was decided before the first token: a reply forced instead of decoded, and why."""
+
+    forced: list[int] | None = None  # the abstention reply, emitted as it is
+    logp: float | None = None  # log p(abstention reply), when a threshold is set
+    missing: list[str] = field(default_factory=list)  # names the question has and no passage (grounding.py)
 
 
 def drain(steps: Generator):
@@ -179,9 +195,12 @@ class Engine:
         # fastest for a request alone (the server passes its own chunk, DEFAULT_PREFILL_CHUNK).
         self.prefill_chunk = options.prefill_chunk
         chosen = (self.lm.calibration or {}).get("settings", {})
-        for name, default in TRAINING_FREE_DEFAULTS.items():
-            given = getattr(options, name)
-            setattr(self, name, given if given is not None else chosen.get(name, default))
+        self.training_free = TrainingFree(
+            **{
+                name: given if (given := getattr(options, name)) is not None else chosen.get(name, default)
+                for name, default in TRAINING_FREE_DEFAULTS.items()
+            }
+        )
         # Abstain when the model gives the abstention reply at least this probability (None: only when
         # greedy decoding picks it). `reply_logprob` explains why.
         given = options.abstain_threshold
@@ -387,43 +406,24 @@ class Engine:
         reserve = params.max_new_tokens + 8  # decode room in the cache buffers
         # With a threshold, the abstention reply (less its last token) is fed right after the prompt in the
         # same forward, its probability read off, and cut back out of the cache (reply_logprob).
-        attention, adapter = None, False
         if mode == "full":
-            cache, logits, next_pos, cached, computed = yield from self._prefill_full(
-                prompt, reserve, extra, chunk, defer
-            )
+            done = yield from self._prefill_full(prompt, reserve, extra, chunk, defer)
         else:
-            cache, logits, next_pos, cached, computed, attention = yield from self._prefill_turbo(
+            done = yield from self._prefill_turbo(
                 prompt, mode, reserve + len(prompt.suffix), extra, chunk, defer
             )
-            adapter = self.query_adapter
-        forced, logp = None, None
+        decision = Decision()
         if self.abstain_threshold is not None:
-            for layer in cache.layers:
+            for layer in done.cache.layers:
                 layer.crop(len(extra))  # the prompt's cache again
-            logp = reply_logprob(logits, self.abstain_ids)
-            if logp >= math.log(self.abstain_threshold):
-                forced = self.abstain_ids
+            decision.logp = reply_logprob(done.logits, self.abstain_ids)
+            if decision.logp >= math.log(self.abstain_threshold):
+                decision.forced = self.abstain_ids
         # The prefill above still runs on a declined question: its TTFT and token counts stay comparable.
-        missing = grounding.missing_names(question, passages) if self.name_check else []
-        if missing:
-            forced = self.abstain_ids
-        return self._sequence(
-            cache,
-            logits[0],
-            next_pos,
-            params,
-            t0,
-            mode,
-            len(prompt.ids),
-            cached,
-            computed,
-            forced,
-            logp,
-            missing,
-            attention,
-            adapter=adapter,
-        )
+        decision.missing = grounding.missing_names(question, passages) if self.name_check else []
+        if decision.missing:
+            decision.forced = self.abstain_ids
+        return self._sequence(done, params, t0, mode, len(prompt.ids), decision)
 
     def complete_stream(
         self, prompt_ids: list[int], params: SamplingParams | None = None
@@ -462,7 +462,7 @@ class Engine:
         logits = yield from self._feed_steps(cache, prompt_ids[n:], n, 1, chunk=chunk, defer=defer)  # (1, V)
         self.prefix_cache.insert(prompt_ids, hf_compat.cache_layers(cache), partition)
         n_ids = len(prompt_ids)
-        return self._sequence(cache, logits[-1], n_ids, params, t0, "prompt", n_ids, n, 0)
+        return self._sequence(Prefilled(cache, logits[-1:], n_ids, n, 0), params, t0, "prompt", n_ids)
 
     def run(self, seq: DecodeState) -> Iterator[str | Answer]:
         """Decode one sequence alone: yield text deltas, then the Answer (TTFT = first token known)."""
@@ -492,22 +492,15 @@ class Engine:
 
     def _sequence(
         self,
-        cache,
-        logits,
-        next_pos,
-        params,
-        t0,
-        mode,
-        prompt_tokens,
-        cached,
-        computed,
-        forced=None,
-        logp=None,
-        missing=(),
-        attention=None,
-        adapter: bool = False,
+        done: Prefilled,
+        params: SamplingParams,
+        t0: float,
+        mode: str,
+        prompt_tokens: int,
+        decision: Decision | None = None,
     ) -> DecodeState:
         """The decoding state after prefill; its Answer records the mode and the prompt's token counts."""
+        decision = decision or Decision()
 
         def answer(seq: DecodeState) -> Answer:
             total = time.perf_counter() - t0
@@ -519,29 +512,29 @@ class Engine:
                 ttft_s=seq.ttft if seq.ttft is not None else total,
                 total_s=total,
                 prompt_tokens=prompt_tokens,
-                cached_tokens=cached,
+                cached_tokens=done.cached,
                 completion_tokens=len(stream.ids),
-                computed_chunks=computed,
+                computed_chunks=done.computed,
                 token_ids=list(stream.ids),
                 finish_reason="length" if length_cut else "stop",
-                abstain_logprob=logp,
-                missing_names=list(missing),
+                abstain_logprob=decision.logp,
+                missing_names=list(decision.missing),
             )
 
         return DecodeState(
             self.lm.tokenizer,
             self.stop_ids,
             params,
-            cache,
-            logits,
-            next_pos,
+            done.cache,
+            done.logits[0],
+            done.next_pos,
             t0,
             answer,
-            prompt_tokens,
-            cached,
-            forced,
-            attention,
-            adapter,
+            prompt_tokens=prompt_tokens,
+            cached_tokens=done.cached,
+            forced=decision.forced,
+            attention=done.attention,
+            adapter=done.adapter,
         )
 
     def _prefill_full(
@@ -553,7 +546,7 @@ class Engine:
         logits = yield from self._feed_steps(
             cache, prompt.ids + extra, 0, 1 + len(extra), chunk=chunk, defer=defer
         )
-        return cache, logits, len(prompt.ids), 0, 0
+        return Prefilled(cache, logits, len(prompt.ids), 0, 0)
 
     def _prefill_turbo(
         self,
@@ -566,13 +559,14 @@ class Engine:
     ):
         """Load and assemble the chunk caches, then prefill only the question (and `extra` tokens). Returns
         the ApeContext the sequence decodes with too (None but in the APE modes)."""
-        cache, next_pos, cached, computed = self.assemble(prompt, mode, reserve + len(extra))
-        attention = self.ape_context(cache, prompt) if mode.startswith("turbo-ape") else None
+        ctx = self.assemble(prompt, mode, reserve + len(extra))
+        attention = self.ape_context(ctx.cache, prompt) if modes.get(mode).ape else None
         ids = prompt.suffix + extra
         logits = yield from self._feed_steps(
-            cache, ids, next_pos, 1 + len(extra), attention, chunk, defer, self.query_adapter
+            ctx.cache, ids, ctx.next_pos, 1 + len(extra), attention, chunk, defer, self.query_adapter
         )
-        return cache, logits, next_pos + len(prompt.suffix), cached, computed, attention
+        end = ctx.next_pos + len(prompt.suffix)
+        return Prefilled(ctx.cache, logits, end, ctx.cached, ctx.computed, attention, self.query_adapter)
 
     def ape_context(self, cache, prompt: Prompt) -> ape.ApeContext:
         """APE's context keys in this assembled cache: cache indices [prefix, prefix + passages), which a
@@ -580,19 +574,32 @@ class Engine:
         offsets = [getattr(layer, "offset", 0) for layer in cache.layers]
         start = len(prompt.prefix)
         lo, hi = ape.context_span(offsets, start, start + prompt.context_tokens, self.lm.device)
-        return ape.ApeContext(lo, hi, self.ape_temperature, self.ape_scale)
+        free = self.training_free
+        return ape.ApeContext(lo, hi, free.ape_temperature, free.ape_scale)
 
-    def assemble(self, prompt: Prompt, mode: str, reserve: int):
+    def assemble(self, prompt: Prompt, mode: str, reserve: int) -> Assembled:
         """The turbo context: chunk caches loaded (missing ones computed), re-positioned and written after
-        the prefix cache, [recomputed]. Returns (cache, first question position, cached tokens, computed).
+        the prefix cache, [recomputed].
 
         Sliding-window layers hold only the tail of the context they can still see, and only the layers a
         chunk contributes to are read from the store. The recompute modes refresh tokens anywhere in the
         context, so they assemble every layer whole.
+
+        A chunk read in place (TieredStore.read) that fails its check halfway through assembly has been
+        logged and deleted by the store, so the next attempt misses it and computes it: each attempt but the
+        last removes one damaged chunk, so there are at most one more attempts than chunks.
         """
-        positions = _POSITIONS[mode]
+        for _ in range(len(prompt.chunks) + 1):
+            try:
+                return self._assemble_once(prompt, mode, reserve)
+            except Damaged:
+                continue
+        raise Damaged(f"the request's chunk caches kept failing their checks ({len(prompt.chunks)} chunks)")
+
+    def _assemble_once(self, prompt: Prompt, mode: str, reserve: int) -> Assembled:
+        positions, strategy = modes.get(mode).positions, modes.get(mode).recompute
         dev, dtype = self.lm.device, self.lm.dtype
-        windows = self.windows if mode not in _RECOMPUTE else [None] * len(self.windows)
+        windows = self.windows if strategy is None else [None] * len(self.windows)
         lengths = [len(c) for c in prompt.chunks]
         keys = [self.key(c) for c in prompt.chunks]
         wanted: dict[str, set[int]] = {}
@@ -603,19 +610,14 @@ class Engine:
         if missing:
             loaded.update(self._compute_and_store(missing, keep=True))
         chunks = [loaded[k] for k in keys]
-        try:
-            cache, next_pos = kv.assemble_into(
-                self.prefix_kv, chunks, self.inv_freq, positions, dev, dtype, reserve, windows, lengths
-            )
-        except Damaged:
-            # A chunk read in place (TieredStore.read) failed its check halfway through assembly. The store
-            # has logged and deleted it, so the request's next read misses it and computes it.
-            return self.assemble(prompt, mode, reserve)
+        cache, next_pos = kv.assemble_into(
+            self.prefix_kv, chunks, self.inv_freq, positions, dev, dtype, reserve, windows, lengths
+        )
         recomputed = 0
-        if mode in _RECOMPUTE:
-            recomputed = self._recompute(cache, prompt, positions, _RECOMPUTE[mode])
+        if strategy is not None:
+            recomputed = self._recompute(cache, prompt, positions, strategy)
         cached = len(prompt.prefix) + prompt.context_tokens - recomputed
-        return cache, next_pos, cached, len(missing)
+        return Assembled(cache, next_pos, cached, len(missing))
 
     def prefill_question(self, cache, prompt: Prompt, next_pos: int, scored: bool = False) -> torch.Tensor:
         """Run the question on top of an assembled context; returns the last position's logits (vocab,).
@@ -682,9 +684,10 @@ class Engine:
         ids = prompt.prefix + [t for c in prompt.chunks for t in c]
         pos = list(range(p)) + [p + d + j for d, n in zip(shifts, lengths) for j in range(n)]
         if strategy == "epic":
-            selected = recompute.epic_indices(p, lengths, self.recompute_k)
+            selected = recompute.epic_indices(p, lengths, self.training_free.recompute_k)
         else:
             first = p + (lengths[0] if lengths else 0)
-            selected = recompute.blend_indices(self.lm.model, cache, ids, pos, first, self.recompute_ratio)
+            ratio = self.training_free.recompute_ratio
+            selected = recompute.blend_indices(self.lm.model, cache, ids, pos, first, ratio)
         recompute.recompute(self.lm.model, cache, ids, pos, selected)
         return len(selected)

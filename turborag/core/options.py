@@ -11,16 +11,22 @@ and name check, `turborag calibrate` the training-free settings (core/model.py r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
-# The training-free modes' defaults: recompute.py's (epic's first k tokens of a chunk, blend's share of the
-# most-deviating tokens) and the APE paper's (arXiv 2502.05431) attention temperature and scale.
-TRAINING_FREE_DEFAULTS = {
-    "recompute_k": 16,
-    "recompute_ratio": 0.15,
-    "ape_temperature": 0.9,
-    "ape_scale": 0.9,
-}
+
+@dataclass(frozen=True)
+class TrainingFree:
+    """The settings of the training-free modes an engine answers with. The defaults are recompute.py's
+    (epic's first k tokens of a chunk, blend's share of the most-deviating tokens) and the APE paper's
+    (arXiv 2502.05431) attention temperature and scale."""
+
+    recompute_k: int = 16
+    recompute_ratio: float = 0.15
+    ape_temperature: float = 0.9
+    ape_scale: float = 0.9
+
+
+TRAINING_FREE_DEFAULTS = asdict(TrainingFree())  # {name: default}: the names calibration may set
 
 
 @dataclass(frozen=True)

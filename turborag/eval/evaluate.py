@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from turborag.core import grounding
-from turborag.core.engine import Engine, check_mode
+from turborag.core.engine import Engine
 from turborag.core.generate import SamplingParams
+from turborag.core.modes import check_mode
 from turborag.core.progress import progress_bar
 from turborag.eval.metrics import SCORINGS, abstains, contains_answer, exact_match, rgb_contains, rgb_declines
 

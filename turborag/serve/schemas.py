@@ -11,6 +11,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from turborag.core.generate import SamplingParams
+from turborag.core.modes import MODES
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 MAX_TOKENS_LIMIT = 4096
@@ -92,9 +93,7 @@ class Message(BaseModel):
 class TurboOptions(BaseModel):
     """The `turborag` extension field of a chat request: how to retrieve, and the cache mode to answer in."""
 
-    mode: Literal[
-        "auto", "full", "turbo", "turbo-composite", "turbo-epic", "turbo-blend", "turbo-ape", "turbo-ape-epic"
-    ] = "auto"
+    mode: Literal[MODES] = "auto"  # type: ignore[valid-type]  (the table of core/modes.py)
     top_k: int = Field(5, ge=1, le=MAX_TOP_K)
     contexts: list[str] | None = None
     retrieve: bool = True
