@@ -20,7 +20,7 @@ NAMED_MODELS = (DEFAULT_MODEL, BASE_MODEL, QWEN_MODEL)  # what `--model` takes b
 UNTUNED_MODE = "turbo-blend"
 # On a model `turborag calibrate` chose a mode for, `auto` says so when that mode was more than 3 points below
 # full on the calibration questions, its TTFT more than 1.5x plain turbo's, or when full answered fewer than
-# 10 of them (too few to compare modes on): the bar issue 36 set for training-free reuse.
+# 10 of them (too few to compare modes on): the bar for training-free reuse.
 CALIBRATION_WITHIN = 0.03
 CALIBRATION_SLOWER = 1.5
 CALIBRATION_FEW_RIGHT = 10

@@ -9,7 +9,7 @@ question is model work too.
 Route functions carry no return annotation: FastAPI would take one for a response model, changing the
 OpenAPI schema and re-validating bodies that are already built.
 
-Bounds (issue 38): a question is at most `max_question_tokens`, a prompt (a completion's, a plain chat's
+Bounds: a question is at most `max_question_tokens`, a prompt (a completion's, a plain chat's
 conversation, or a question with its `contexts`) at most `max_prompt_tokens`, checked before any model work;
 a text over 8 characters per allowed token is refused before the tokenizer runs, and tokenizing runs off the
 event loop, so that a huge prompt never stalls the other requests (`/health` included). Using the model at

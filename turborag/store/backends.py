@@ -41,10 +41,9 @@ class FileBlob:
     """One blob file, open, read in ranges (codec.Blob): each `read_range` is one pread into a new buffer, so
     only the header and the tensors a request needs are read, and the tensors own their memory.
 
-    It used to be a private mapping of the file (zero-copy views). Measured (issue 37, bf16, 8k context in
-    17 chunk files, 33 MB read; scripts/turbo_gap.py, 5 paired runs): with caches cold, as after a forward,
-    turbo's distance from the floor was 14.1-15.7 ms mapped and 11.9-15.0 ms copied (medians 15.1 and 14.2
-    ms, within this measurement's noise); warm, the copy saves 1.7 ms. The tensors also own their memory:
+    Not a private mapping of the file (zero-copy views): at 8k context tokens a copy measured as fast as a
+    mapping with caches cold and faster warm (turborag_research/notes/2026-12-06-ttft-floor.md). The
+    tensors also own their memory:
     the RAM tier never holds a mapping that keeps a deleted file's blocks (the bounded disk tier's
     evictions) on disk, and the file is closed once it is decoded.
     """

@@ -47,8 +47,8 @@ class TieredStore:
         With no RAM tier, on the CPU, from a store that keeps caches in the compute dtype (bf16 serving),
         nothing needs a copy of its own: a chunk comes back open (a StoredChunk), and assembly reads each
         tensor straight into its place in the serving buffers, one copy instead of a read and then a copy.
-        With assembly's layer groups, that took turbo's distance from the floor at 8k context tokens from
-        13.5 to 11.0 ms (bf16, 2 cores, caches cold; BENCHMARKS, issue 37)."""
+        With assembly's layer groups, that shortened turbo's distance from the floor at 8k context tokens
+        by about a fifth (turborag_research/notes/2026-12-06-ttft-floor.md)."""
         out: dict[str, Layers | StoredChunk | None] = {}
         for key, layers in wanted.items():
             held = self.ram.get(key, layers)
