@@ -291,3 +291,18 @@ def test_only_the_cli_imports_the_cli():
             if target == "turborag.cli" or target.startswith("turborag.cli."):
                 found.append(f"{path.relative_to(root)} imports {target}")
     assert found == []
+
+
+def test_the_architecture_doc_names_every_module_and_only_real_ones():
+    """docs/ARCHITECTURE.md's table lists, per layer, exactly the modules the layer has (the CLI's command
+    modules excepted: the table says "one module per command group")."""
+    import re
+
+    doc = (ROOT.parent / "docs" / "ARCHITECTURE.md").read_text()
+    rows = {m[1]: re.findall(r"`(\w+)`", m[2]) for m in re.finditer(r"^\| `(\w+)` \| ([^|]*) \|", doc, re.M)}
+    assert set(rows) == set(ALLOWED)
+    for name, listed in rows.items():
+        files = {p.stem for p in (ROOT / name).glob("*.py")} - {"__init__"}
+        assert not set(listed) - files, f"{name}: the doc names modules that do not exist"
+        if name != "cli":
+            assert not files - set(listed), f"{name}: modules the doc does not name"
