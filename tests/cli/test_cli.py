@@ -201,3 +201,17 @@ def test_eval_cache_format_stores_quantized_caches(env, tiny_model_dir):
     assert store_bytes("int8") < 0.7 * store_bytes("fp16")
     bad = runner.invoke(app, ["eval", str(data), "--cache-format", "int4"])
     assert bad.exit_code == 2 and bad.stderr.startswith("error: unknown --cache-format 'int4'")
+
+
+def test_eval_json_shows_progress_on_stderr(tiny_model_dir, env, monkeypatch):
+    """With --json, stdout holds the JSON alone and stderr the progress: a long evaluation whose stderr is a
+    log file still says where it is."""
+    from turborag.core import progress
+
+    monkeypatch.setattr(progress, "EVERY_S", 0.0)  # a plain progress line at every question
+    data = env / "d.jsonl"
+    write_jsonl(generate(2, 2, seed=3), data)
+    r = runner.invoke(app, ["eval", str(data), "--model", tiny_model_dir, "--json", "--max-new-tokens", "2"])
+    assert r.exit_code == 0, r.output
+    json.loads(r.stdout.strip())  # nothing but the JSON on stdout
+    assert "eval: 2/2 q" in r.stderr
