@@ -54,7 +54,7 @@ def test_the_research_package_ships_with_its_data(monkeypatch):
     data = [
         p.relative_to(research).as_posix()
         for p in research.rglob("*")
-        if p.is_file() and p.suffix not in (".py", ".pyc")
-    ]
+        if p.is_file() and p.suffix not in (".py", ".pyc") and "notes" not in p.relative_to(research).parts
+    ]  # notes/ is the history of the experiments, for readers of the repository; no code reads it
     assert "data/synth_domains.json" in data and "recipes/gemma-3-270m-turbo.json" in data
     assert [f for f in data if not any(fnmatch(f, g) for g in globs)] == []
