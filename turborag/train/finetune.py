@@ -113,12 +113,17 @@ def serving_logits(
         return logits[0, -len(tail) :]
     prefix_kv = kv.prefill_prefix(model, prefix, grad=True)
     chunk_kv = kv.precompute_chunks(model, prefix_kv, chunks, batch_size=len(chunks), grad=True)
+    return _tail_logits(model, inv_freq, prefix_kv, chunk_kv, tail, positions)
+
+
+def _tail_logits(model, inv_freq, prefix_kv, chunk_kv, tail: list[int], positions: str) -> torch.Tensor:
+    """The prefix and chunk caches assembled as serving assembles them, then `tail` on top: its logits
+    (len(tail), vocab)."""
+    dev = next(model.parameters()).device
     cache, next_pos = kv.assemble(prefix_kv, chunk_kv, inv_freq, positions)
     x = torch.tensor([tail], device=dev)  # (1, S)
-    logits = hf_compat.forward(
-        model, x, torch.arange(next_pos, next_pos + len(tail), device=dev)[None], cache
-    )
-    return logits[0]
+    pos = torch.arange(next_pos, next_pos + len(tail), device=dev)[None]  # (1, S)
+    return hf_compat.forward(model, x, pos, cache)[0]
 
 
 def query_side_logits(
@@ -132,17 +137,11 @@ def query_side_logits(
     """`serving_logits` of turbo with a query-side adapter: the prefix and chunk caches are the frozen base's
     (adapter off, no grad: constants of the graph, exactly as a store serves them), and only `tail` runs
     through the adapter with autograd. Backpropagation covers the tail's tokens only."""
-    dev = next(model.parameters()).device
     with torch.no_grad(), query_adapter.active(model, False):
         prefix_kv = kv.prefill_prefix(model, prefix)
         chunk_kv = kv.precompute_chunks(model, prefix_kv, chunks, batch_size=len(chunks))
-    cache, next_pos = kv.assemble(prefix_kv, chunk_kv, inv_freq, positions)
-    x = torch.tensor([tail], device=dev)  # (1, S)
     with query_adapter.active(model, True):
-        logits = hf_compat.forward(
-            model, x, torch.arange(next_pos, next_pos + len(tail), device=dev)[None], cache
-        )
-    return logits[0]
+        return _tail_logits(model, inv_freq, prefix_kv, chunk_kv, tail, positions)
 
 
 def student_logits(model, inv_freq, layout: PromptLayout, chunks, tail: list[int], cfg: TrainConfig):
