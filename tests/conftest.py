@@ -12,6 +12,8 @@ from transformers import (
     Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
@@ -72,27 +74,37 @@ def tiny_gemma3(sliding_window: int = 16) -> torch.nn.Module:
     return Gemma3ForCausalLM(cfg)
 
 
+def tiny_mistral() -> torch.nn.Module:
+    return MistralForCausalLM(
+        MistralConfig(
+            **COMMON, sliding_window=None, rope_parameters={"rope_type": "default", "rope_theta": 1e6}
+        )
+    )
+
+
+# One tiny random model per family of turborag/core/arch.py (tests/core/test_arch.py holds them to it), and
+# the RoPE scalings whose re-positioning must stay exact.
+TINY = {"llama": tiny_llama, "qwen2": tiny_qwen2, "gemma3": tiny_gemma3, "mistral": tiny_mistral}
+VARIANTS = {
+    "llama-linear": lambda: tiny_llama({"rope_type": "linear", "factor": 4.0}),
+    "llama3": lambda: tiny_llama(
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        }
+    ),
+}
+
+
 def make(kind: str) -> torch.nn.Module:
     torch.manual_seed(0)
-    builders = {
-        "llama": tiny_llama,
-        "llama-linear": lambda: tiny_llama({"rope_type": "linear", "factor": 4.0}),
-        "llama3": lambda: tiny_llama(
-            {
-                "rope_type": "llama3",
-                "factor": 8.0,
-                "low_freq_factor": 1.0,
-                "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 64,
-            }
-        ),
-        "qwen2": tiny_qwen2,
-        "gemma3": tiny_gemma3,
-    }
-    return builders[kind]().eval()
+    return {**TINY, **VARIANTS}[kind]().eval()
 
 
-ARCHS = ["llama", "llama-linear", "llama3", "qwen2", "gemma3"]
+ARCHS = [*TINY, *VARIANTS]
 
 
 @pytest.fixture(params=ARCHS)

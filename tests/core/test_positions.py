@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from turborag.core import hf_compat, kv
-from turborag.core.model import layer_inv_freq
+from turborag.core.arch import layer_inv_freq
 from turborag.core.prompt import PromptLayout
 
 QUESTION = "Who founded Veltrano?"

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from turborag.core import hf_compat, kv
+from turborag.core.arch import layer_inv_freq, layer_windows
 from turborag.core.engine import Engine
 from turborag.core.generate import SamplingParams
-from turborag.core.model import layer_inv_freq, layer_windows
 from turborag.core.prompt import PromptLayout
 from turborag.store.kv_store import KVStore, StoredChunk
 

@@ -83,7 +83,7 @@ def _cfg(tmp_path, **kw) -> TrainConfig:
 
 
 def _mean_loss(model, lm, cfg, rows):
-    from turborag.core.model import layer_inv_freq
+    from turborag.core.arch import layer_inv_freq
     from turborag.core.prompt import PromptLayout
 
     inv = torch.stack(layer_inv_freq(lm.model))

@@ -87,7 +87,7 @@ def bench_ttft_cmd(
     check_plot(plot)
     from turborag.bench.engine import bench_ttft, rows_as_dicts  # torch: after the argument checks
     from turborag.bench.plots import plot_ttft
-    from turborag.core.model import bytes_per_token
+    from turborag.core.arch import bytes_per_token
 
     engine = _engine_for_sizes(sizes, model, device, store, template, dtype, ram)
     log = (lambda line: None) if as_json else progress

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from turborag.core import ape, grounding, hf_compat, kv, modes, query_adapter, recompute
+from turborag.core.arch import end_of_turn_ids, layer_inv_freq, layer_windows
 from turborag.core.defaults import (
     CALIBRATION_FEW_RIGHT,
     CALIBRATION_SLOWER,
@@ -38,12 +39,12 @@ from turborag.core.defaults import (
     UNTUNED_MODE,
 )
 from turborag.core.feeds import Feed
-from turborag.core.generate import DecodeState, SamplingParams, eos_ids
-from turborag.core.model import LoadedModel, layer_inv_freq, layer_windows
+from turborag.core.generate import DecodeState, SamplingParams
+from turborag.core.model import LoadedModel
 from turborag.core.modes import check_mode
 from turborag.core.options import TRAINING_FREE_DEFAULTS, EngineOptions, TrainingFree
 from turborag.core.prefix_cache import PrefixCache
-from turborag.core.prompt import ABSTAIN, Prompt, PromptLayout, answer_ids
+from turborag.core.prompt import Prompt, PromptLayout, abstain_ids
 from turborag.store.chunk_kv import ChunkKV
 from turborag.store.codec import Damaged
 from turborag.store.errors import StoreUnavailable
@@ -166,16 +167,14 @@ class Engine:
         self.layout = PromptLayout(lm.tokenizer, options.template)
         self.inv_freq = torch.stack(layer_inv_freq(lm.model))  # (layers, head_dim/2) fp64
         self.windows = layer_windows(lm.model)  # per layer: sliding window, or None for global layers
-        self.stop_ids = eos_ids(lm.tokenizer, lm.model)
+        self.stop_ids = end_of_turn_ids(lm.tokenizer, lm.model)
         self.prefix_ids = self.layout.prefix_ids()
         self.prefix_kv = kv.prefill_prefix(lm.model, self.prefix_ids)  # resident: shared by every request
         # A query-side adapter reads the turbo modes' question and answer tokens; the context is the base's.
         self.query_adapter = query_adapter.attached(lm.model)
         pad = lm.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else 0
-        reply = answer_ids(lm.tokenizer, ABSTAIN)  # as trained: " The passages do not say." + "\n"
-        # less the newline, unless the tokenizer merged it into the last word (Llama 3 has ".\n")
-        self.abstain_ids = reply[:-1] if not lm.tokenizer.decode(reply[-1:]).strip() else reply
+        self.abstain_ids = abstain_ids(lm.tokenizer)
         self.prefix_cache = PrefixCache(
             block_size=options.prefix_block, max_tokens=options.prefix_cache_tokens, salt=lm.fingerprint
         )

@@ -42,24 +42,6 @@ class SamplingParams:
             raise ValueError("top_p must be in (0, 1]")
 
 
-def eos_ids(tokenizer, model) -> set[int]:
-    """Every id that ends a turn: tokenizer EOS, generation-config EOS, and chat end-of-turn markers."""
-    ids: set[int] = set()
-    for src in (
-        tokenizer.eos_token_id,
-        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
-    ):
-        if isinstance(src, int):
-            ids.add(src)
-        elif isinstance(src, (list, tuple)):
-            ids.update(int(x) for x in src)
-    for marker in ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|endoftext|>"):
-        tid = tokenizer.convert_tokens_to_ids(marker)
-        if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid >= 0:
-            ids.add(tid)
-    return ids
-
-
 def pick(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
     """Next token id from last-position logits (vocab,)."""
     if params.temperature == 0:

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from turborag.core import query_adapter
+from turborag.core.arch import check_supported
 from turborag.core.defaults import (
     BASE_MODEL,
     DEFAULT_MODEL,
@@ -485,84 +486,3 @@ def fingerprint(model: torch.nn.Module, tokenizer=None) -> str:
     if tokenizer is not None:
         h.update(str(len(tokenizer)).encode())
     return h.hexdigest()[:32]
-
-
-# ---------------------------------------------------------------------------------------------------------
-# per-layer RoPE facts
-
-
-def rotary_module(model: torch.nn.Module) -> torch.nn.Module:
-    """The model-level rotary embedding (Llama, Qwen2, Gemma 3 and most HF decoders keep one)."""
-    inner = getattr(model, "model", model)
-    rot = getattr(inner, "rotary_emb", None)
-    if rot is None:
-        raise ModelError(
-            f"{type(model).__name__}: no model-level rotary embedding; cache re-positioning unsupported"
-        )
-    return rot
-
-
-def layer_types(model: torch.nn.Module) -> list[str]:
-    """Attention type of each layer ("full_attention" / "sliding_attention")."""
-    cfg = model.config
-    n = cfg.num_hidden_layers
-    types = getattr(cfg, "layer_types", None)
-    return list(types) if types else ["full_attention"] * n
-
-
-def layer_windows(model: torch.nn.Module) -> list[int | None]:
-    """Sliding window of each layer (None = global): `config.sliding_window` for "sliding_attention" layers.
-
-    A model that slides every layer without naming layer types (some Mistral configs) gets None everywhere:
-    serving then keeps whole contexts for it, which is exact, only not as lean.
-    """
-    window = getattr(model.config, "sliding_window", None)
-    return [window if lt == "sliding_attention" and window else None for lt in layer_types(model)]
-
-
-def layer_inv_freq(model: torch.nn.Module) -> list[torch.Tensor]:
-    """RoPE inverse frequencies used by each layer, (head_dim // 2,) each, fp64.
-
-    Read from the model's own rotary module, which built them from the config (base, scaling type and factor
-    per layer type: Gemma 3 uses base 1e4 on sliding layers and 1e6 on global ones). Position-independent
-    scalings (default, linear, llama3, yarn, ...) are a fixed rotation per position, so re-positioning by d
-    is exact; dynamic NTK changes frequencies with the sequence length and is refused.
-    """
-    rot = rotary_module(model)
-    out = []
-    for lt in layer_types(model):
-        inv = getattr(rot, f"{lt}_inv_freq", None)
-        if inv is None:
-            inv = getattr(rot, "inv_freq", None)
-        if inv is None:
-            raise ModelError(f"cannot find RoPE frequencies for layer type {lt}")
-        out.append(inv.detach().to(torch.float64).cpu())
-    return out
-
-
-def check_supported(model: torch.nn.Module) -> None:
-    """Refuse models whose RoPE cannot be re-positioned by a fixed rotation."""
-    rot = rotary_module(model)
-    rope_types = getattr(rot, "rope_type", "default")
-    kinds = set(rope_types.values()) if isinstance(rope_types, dict) else {rope_types}
-    bad = kinds & {"dynamic", "longrope"}
-    if bad:
-        raise ModelError(
-            f"RoPE type {sorted(bad)} depends on sequence length; cached keys cannot be re-positioned"
-        )
-    layer_inv_freq(model)
-
-
-def kv_shape(model: torch.nn.Module) -> tuple[int, int, int]:
-    """(layers, kv_heads, head_dim) of the model's K/V cache."""
-    cfg = model.config
-    heads = cfg.num_attention_heads
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    return cfg.num_hidden_layers, kv_heads, head_dim
-
-
-def bytes_per_token(model: torch.nn.Module, store_dtype: torch.dtype = torch.float16) -> int:
-    """2 (K and V) x layers x kv_heads x head_dim x bytes per element."""
-    layers, kv_heads, head_dim = kv_shape(model)
-    return 2 * layers * kv_heads * head_dim * torch.empty((), dtype=store_dtype).element_size()

@@ -36,6 +36,13 @@ def answer_ids(tokenizer, answer: str) -> list[int]:
     return list(tokenizer(f" {answer.strip()}\n", add_special_tokens=False)["input_ids"])
 
 
+def abstain_ids(tokenizer) -> list[int]:
+    """The abstention reply as the model writes it before stopping: the trained target less its closing
+    newline, unless the tokenizer merged the newline into the last word (Llama 3 has ".\n")."""
+    reply = answer_ids(tokenizer, ABSTAIN)
+    return reply[:-1] if not tokenizer.decode(reply[-1:]).strip() else reply
+
+
 @dataclass
 class Prompt:
     prefix: list[int]

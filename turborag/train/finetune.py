@@ -41,15 +41,13 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from turborag.core import hf_compat, kv, query_adapter
-from turborag.core.generate import eos_ids
-from turborag.core.model import LoadedModel, layer_inv_freq
+from turborag.core.arch import end_of_turn_ids, family, layer_inv_freq
+from turborag.core.model import LoadedModel
 from turborag.core.progress import progress_bar
 from turborag.core.prompt import PromptLayout, answer_ids
 from turborag.train.distill import Teacher, TeacherFile, distill_loss, teach
 
 log = logging.getLogger(__name__)
-
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
 
 @dataclass
@@ -276,7 +274,11 @@ def prepare_model(lm: LoadedModel, cfg: TrainConfig) -> torch.nn.Module:
     from peft import LoraConfig, get_peft_model
 
     lcfg = LoraConfig(
-        r=cfg.rank, lora_alpha=cfg.alpha, lora_dropout=0.0, target_modules=LORA_TARGETS, task_type="CAUSAL_LM"
+        r=cfg.rank,
+        lora_alpha=cfg.alpha,
+        lora_dropout=0.0,
+        target_modules=list(family(model).lora_targets),
+        task_type="CAUSAL_LM",
     )
     model = get_peft_model(model, lcfg, autocast_adapter_dtype=True)
     if cfg.init_adapter:
@@ -382,7 +384,7 @@ def _teachers(lm: LoadedModel, layout: PromptLayout, cfg: TrainConfig, data: lis
     if cfg.objective != "distill":
         return lambda i: None
     known = TeacherFile(Path(cfg.teacher) if cfg.teacher else Path(cfg.out) / "teacher.jsonl")
-    stops = eos_ids(lm.tokenizer, lm.model)
+    stops = end_of_turn_ids(lm.tokenizer, lm.model)
 
     def teacher_of(i: int) -> Teacher:
         def compute() -> Teacher:
