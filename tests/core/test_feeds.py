@@ -31,7 +31,7 @@ def _engine(kind: str, tmp_path, threshold: float | None = None) -> Engine:
     model, tok = make(kind), char_tokenizer()
     lm = LoadedModel(model, tok, f"tiny-{kind}", fingerprint(model, tok), torch.device("cpu"), torch.float32)
     lm.abstain_threshold = threshold
-    engine = Engine(lm, KVStore(tmp_path / kind, cache_format="float32"), EngineOptions(prefill_chunk=24))
+    engine = Engine(lm, KVStore(tmp_path / kind, cache_format="float32"), EngineOptions(prefill_step=24))
     engine.stop_ids = set()
     return engine
 

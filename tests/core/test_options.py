@@ -21,7 +21,7 @@ PASSAGES = ["Veltrano Dynamics was founded in 1911 by Ismena Throll.", "The rive
         {"recompute_k": -1},
         {"recompute_ratio": 2.0},
         {"ape_scale": 0.0},
-        {"prefill_chunk": 0},
+        {"prefill_step": 0},
         {"ram_cache_bytes": -1},
     ],
 )

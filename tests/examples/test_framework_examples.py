@@ -62,7 +62,7 @@ def served(tmp_path_factory, tiny_model_dir):
     assert r.exit_code == 0, r.output
     backend = served_for(store, None, "cpu", 8)
     engine, begun = backend.engine, []
-    begin_steps = engine.begin_steps  # the server prefills in steps (chunked prefill)
+    begin_steps = engine.begin_steps  # the server prefills in steps
 
     def recording_begin_steps(question, passages, mode, params, chunk=None, defer=False):
         begun.append((mode, list(passages)))

@@ -218,7 +218,7 @@ def test_a_short_request_waits_one_forward_behind_a_long_full_prefill(tmp_path):
     model = make("gemma3")
     tok = char_tokenizer()
     lm = LoadedModel(model, tok, "tiny", fingerprint(model, tok), torch.device("cpu"), torch.float32)
-    engine = Engine(lm, KVStore(tmp_path, cache_format="float32"), EngineOptions(prefill_chunk=16))
+    engine = Engine(lm, KVStore(tmp_path, cache_format="float32"), EngineOptions(prefill_step=16))
     long_passages = [f"Passage {i} tells of the harbour town of Velmora and its boats." for i in range(6)]
     short = ("Who?", ["Odrun Pask rings the bell."])
     params = SamplingParams(max_new_tokens=4, stop_at_newline=False)
@@ -393,7 +393,7 @@ def test_no_iteration_prefills_more_than_the_budget(tmp_path):
     """A `full` request over long passages and four turbo questions queued together, forwards of at most 16
     tokens, a budget of 40 tokens an iteration: the worker never starts a forward that would take the
     iteration past the budget (padding of a batched forward counted), and every answer is as alone."""
-    engine = _gemma_engine(tmp_path, prefill_chunk=16)
+    engine = _gemma_engine(tmp_path, prefill_step=16)
     params = SamplingParams(max_new_tokens=4)
     long_passages = [f"Passage {i} tells of the harbour town of Velmora and its boats." for i in range(4)]
     asks = [("What is Velmora?", long_passages, "full")]

@@ -45,4 +45,4 @@ DEFAULT_MAX_BATCH = 32
 DEFAULT_PREFILL_BUDGET = 2048
 # Tokens one prefill forward takes at most: a longer prompt is prefilled in several forwards, between which a
 # server decodes its running requests and drops cancelled ones (Engine.begin_steps).
-DEFAULT_PREFILL_CHUNK = 512
+DEFAULT_PREFILL_STEP = 512

@@ -191,8 +191,8 @@ class Engine:
         threshold and name check, `turborag calibrate`'s choice), else the defaults."""
         self.batch_size = options.batch_size
         # Tokens a prefill forward takes at most (begin_steps); None: the whole prompt in one forward, the
-        # fastest for a request alone (the server passes its own chunk, DEFAULT_PREFILL_CHUNK).
-        self.prefill_chunk = options.prefill_chunk
+        # fastest for a request alone (the server passes its own step, DEFAULT_PREFILL_STEP).
+        self.prefill_step = options.prefill_step
         chosen = (self.lm.calibration or {}).get("settings", {})
         self.training_free = TrainingFree(
             **{
@@ -387,12 +387,12 @@ class Engine:
         passages: Sequence[str],
         mode: str = "auto",
         params: SamplingParams | None = None,
-        chunk: int | None = None,
+        step: int | None = None,
         defer: bool = False,
     ) -> Generator[int | Feed, torch.Tensor | None, DecodeState]:
-        """`begin` one forward at a time: yields the tokens of each prefill forward (at most `chunk`, else
-        `prefill_chunk`, a forward) and returns the sequence, so that a server can decode other requests, or
-        drop a cancelled one, between the forwards of a long prefill (chunked prefill).
+        """`begin` one forward at a time: yields the tokens of each prefill forward (at most `step`, else
+        `prefill_step`, a forward) and returns the sequence, so that a server can decode other requests, or
+        drop a cancelled one, between the forwards of a long prefill (a prefill in steps).
 
         With `defer`, each forward is yielded as a `Feed` instead of run, and its logits are sent back
         (`steps.send(logits)`): a server then runs the feeds of several requests in one forward
@@ -406,10 +406,10 @@ class Engine:
         # With a threshold, the abstention reply (less its last token) is fed right after the prompt in the
         # same forward, its probability read off, and cut back out of the cache (reply_logprob).
         if mode == "full":
-            done = yield from self._prefill_full(prompt, reserve, extra, chunk, defer)
+            done = yield from self._prefill_full(prompt, reserve, extra, step, defer)
         else:
             done = yield from self._prefill_turbo(
-                prompt, mode, reserve + len(prompt.suffix), extra, chunk, defer
+                prompt, mode, reserve + len(prompt.suffix), extra, step, defer
             )
         decision = Decision()
         if self.abstain_threshold is not None:
@@ -442,7 +442,7 @@ class Engine:
         prompt_ids: list[int],
         params: SamplingParams | None = None,
         partition: str = "",
-        chunk: int | None = None,
+        step: int | None = None,
         defer: bool = False,
     ) -> Generator[int | Feed, torch.Tensor | None, DecodeState]:
         """`begin_prompt` one prefill forward at a time, as `begin_steps` (`defer` too)."""
@@ -458,7 +458,7 @@ class Engine:
             cache, _ = kv.assemble_into(hit, [], self.inv_freq, "reordered", dev, dtype, reserve)
         else:
             cache = hf_compat.buffered_cache(self.lm.config.num_hidden_layers, reserve=reserve)
-        logits = yield from self._feed_steps(cache, prompt_ids[n:], n, 1, chunk=chunk, defer=defer)  # (1, V)
+        logits = yield from self._feed_steps(cache, prompt_ids[n:], n, 1, step=step, defer=defer)  # (1, V)
         self.prefix_cache.insert(prompt_ids, hf_compat.cache_layers(cache), partition)
         n_ids = len(prompt_ids)
         return self._sequence(Prefilled(cache, logits[-1:], n_ids, n, 0), params, t0, "prompt", n_ids)
@@ -537,13 +537,13 @@ class Engine:
         )
 
     def _prefill_full(
-        self, prompt: Prompt, reserve: int, extra: list[int], chunk: int | None = None, defer: bool = False
+        self, prompt: Prompt, reserve: int, extra: list[int], step: int | None = None, defer: bool = False
     ):
         """Standard RAG: everything from scratch, positions 0..len-1, then `extra` tokens. Returns the logits
         of the prompt's last token and of each extra token (1 + len(extra), vocab)."""
         cache = hf_compat.buffered_cache(self.lm.config.num_hidden_layers, reserve=reserve + len(extra))
         logits = yield from self._feed_steps(
-            cache, prompt.ids + extra, 0, 1 + len(extra), chunk=chunk, defer=defer
+            cache, prompt.ids + extra, 0, 1 + len(extra), step=step, defer=defer
         )
         return Prefilled(cache, logits, len(prompt.ids), 0, 0)
 
@@ -553,7 +553,7 @@ class Engine:
         mode: str,
         reserve: int,
         extra: list[int],
-        chunk: int | None = None,
+        step: int | None = None,
         defer: bool = False,
     ):
         """Load and assemble the chunk caches, then prefill only the question (and `extra` tokens). Returns
@@ -562,7 +562,7 @@ class Engine:
         attention = self.ape_context(ctx.cache, prompt) if modes.get(mode).ape else None
         ids = prompt.suffix + extra
         logits = yield from self._feed_steps(
-            ctx.cache, ids, ctx.next_pos, 1 + len(extra), attention, chunk, defer, self.query_adapter
+            ctx.cache, ids, ctx.next_pos, 1 + len(extra), attention, step, defer, self.query_adapter
         )
         end = ctx.next_pos + len(prompt.suffix)
         return Prefilled(ctx.cache, logits, end, ctx.cached, ctx.computed, attention, self.query_adapter)
@@ -650,18 +650,18 @@ class Engine:
         start: int,
         keep: int,
         attention: ape.ApeContext | None = None,
-        chunk: int | None = None,
+        step: int | None = None,
         defer: bool = False,
         adapter: bool = False,
     ) -> Generator[int | Feed, torch.Tensor | None, torch.Tensor]:
-        """`_feed` in forwards of at most `chunk` (else `prefill_chunk`, else all) tokens, the last holding
+        """`_feed` in forwards of at most `step` (else `prefill_step`, else all) tokens, the last holding
         the `keep` tokens whose logits are wanted, whatever their number; yields each forward's token count
         (with `defer`: the forward itself, as a Feed whose logits are sent back). Each forward sees the cache
         the ones before it wrote: the result is one forward's, to float rounding (tested)."""
-        chunk, cut = chunk or self.prefill_chunk or max(1, len(ids)), max(0, len(ids) - keep)
-        pieces = [ids[i : min(i + chunk, cut)] for i in range(0, cut, chunk)]
+        step, cut = step or self.prefill_step or max(1, len(ids)), max(0, len(ids) - keep)
+        pieces = [ids[i : min(i + step, cut)] for i in range(0, cut, step)]
         tail = ids[cut:]
-        if pieces and len(pieces[-1]) + len(tail) <= chunk:
+        if pieces and len(pieces[-1]) + len(tail) <= step:
             pieces[-1] = pieces[-1] + tail
         else:
             pieces.append(tail)

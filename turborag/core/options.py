@@ -43,7 +43,7 @@ class EngineOptions:
     ape_temperature: float | None = None
     ape_scale: float | None = None
     # Tokens a prefill forward takes at most; None: the whole prompt in one forward (fastest alone).
-    prefill_chunk: int | None = None
+    prefill_step: int | None = None
     batch_size: int = 4  # chunks a precompute forward takes
     ram_cache_bytes: int = 0  # the RAM tier's budget for decoded chunk caches (store/tiered.py)
     prefix_block: int = 64  # the plain-prompt prefix cache's block, in tokens (prefix_cache.py)
@@ -62,8 +62,8 @@ class EngineOptions:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 raise ValueError(f"{name} must be > 0")
-        if self.prefill_chunk is not None and self.prefill_chunk < 1:
-            raise ValueError("prefill_chunk must be at least 1")
+        if self.prefill_step is not None and self.prefill_step < 1:
+            raise ValueError("prefill_step must be at least 1")
         if self.batch_size < 1 or self.prefix_block < 1 or self.prefix_cache_tokens < 0:
             raise ValueError("batch_size and prefix_block must be >= 1, prefix_cache_tokens >= 0")
         if self.ram_cache_bytes < 0:

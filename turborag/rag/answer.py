@@ -46,12 +46,12 @@ def begin_steps(
     params: SamplingParams,
     top_k: int,
     on_found: Callable[[Found], None] | None = None,
-    chunk: int | None = None,
+    step: int | None = None,
     defer: bool = False,
 ):
-    """`Engine.begin_steps` over the passages found for `question` (see there for `chunk` and `defer`).
+    """`Engine.begin_steps` over the passages found for `question` (see there for `step` and `defer`).
     `on_found` sees them before the first forward, so a caller can name them in its response."""
     found = find(engine, search, question, top_k, params.max_new_tokens)
     if on_found is not None:
         on_found(found)
-    return (yield from engine.begin_steps(question, found.texts, mode, params, chunk, defer))
+    return (yield from engine.begin_steps(question, found.texts, mode, params, step, defer))

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException
 
-from turborag.core.defaults import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_BUDGET, DEFAULT_PREFILL_CHUNK
+from turborag.core.defaults import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_BUDGET, DEFAULT_PREFILL_STEP
 from turborag.serve import (
     collections_routes,
     documents_routes,
@@ -70,7 +70,7 @@ def create_app(
     max_question_tokens: int = DEFAULT_MAX_QUESTION_TOKENS,
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
     max_uploads_per_key: int = DEFAULT_MAX_UPLOADS_PER_KEY,
-    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+    prefill_step: int = DEFAULT_PREFILL_STEP,
 ) -> FastAPI:
     """An app serving `served`; it starts its own model worker thread, which decodes up to `max_batch`
     requests together and prefills at most about `prefill_budget` tokens between two decode steps.
@@ -80,7 +80,7 @@ def create_app(
     tested on its own. Cross-origin checks and security headers apply either way. A question may have at
     most `max_question_tokens` tokens, a prompt `max_prompt_tokens` (400 beyond, before any model work);
     a key may have `max_uploads_per_key` uploads in progress (429 beyond); prompts are prefilled in forwards
-    of at most `prefill_chunk` tokens, between decode steps."""
+    of at most `prefill_step` tokens, between decode steps."""
     app = FastAPI(title="turborag", docs_url=None, redoc_url=None)
     state = ServerState(
         served,
@@ -94,7 +94,7 @@ def create_app(
         max_question_tokens,
         max_prompt_tokens,
         max_uploads_per_key,
-        prefill_chunk,
+        prefill_step,
     )
     app.state.server = state
     # the same objects under their own names, for tests and benchmarks that watch (or patch) the worker

@@ -116,7 +116,7 @@ async def answer_prompt(
     param = "messages" if kind == "chat" else "prompt"
     await must_fit(lambda: engine.check_length(len(ids), params.max_new_tokens), param)
     started = await state.start(
-        begin=lambda: engine.begin_prompt_steps(ids, params, partition, state.prefill_chunk, defer=True),
+        begin=lambda: engine.begin_prompt_steps(ids, params, partition, state.prefill_step, defer=True),
         request=request,
     )
     return await respond(state, started, kind, req, {"chunks": []} if kind == "chat" else {}, request)
@@ -135,9 +135,9 @@ async def answer_from_passages(
     # a generator: the worker runs it one prefill forward at a time (Engine.begin_steps), the question's
     # forward together with those of other requests (defer: the worker runs the forwards)
     def begin():
-        chunk = state.prefill_chunk
+        step = state.prefill_step
         if opts.contexts is not None:
-            return (yield from engine.begin_steps(question, contexts, opts.mode, params, chunk, defer=True))
+            return (yield from engine.begin_steps(question, contexts, opts.mode, params, step, defer=True))
         from turborag.rag import answer  # a server without a store never loads retrieval
 
         def search(q: str, k: int):
@@ -146,9 +146,7 @@ async def answer_from_passages(
         def named(found) -> None:  # with each chunk's text, so that a client (the page) can show what it read
             chunk_refs.extend({**served.retriever.chunk_ref(h), "text": h.text} for h in found.passages)
 
-        steps = answer.begin_steps(
-            engine, search, question, opts.mode, params, opts.top_k, named, chunk, True
-        )
+        steps = answer.begin_steps(engine, search, question, opts.mode, params, opts.top_k, named, step, True)
         return (yield from steps)
 
     started = await state.start(begin=begin, request=request)

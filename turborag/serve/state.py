@@ -18,7 +18,7 @@ from typing import Annotated, Any, TypeVar
 from fastapi import Depends, Request
 
 from turborag.core.batch import DecodeBatch
-from turborag.core.defaults import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_BUDGET, DEFAULT_PREFILL_CHUNK
+from turborag.core.defaults import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_BUDGET, DEFAULT_PREFILL_STEP
 from turborag.core.engine import Engine, PromptTooLong
 from turborag.core.feeds import feed_together
 from turborag.core.generate import DecodeState
@@ -150,16 +150,16 @@ class ServerState:
         max_question_tokens: int = DEFAULT_MAX_QUESTION_TOKENS,
         max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
         max_uploads_per_key: int = DEFAULT_MAX_UPLOADS_PER_KEY,
-        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        prefill_step: int = DEFAULT_PREFILL_STEP,
     ):
         if max_question_tokens < 1 or max_prompt_tokens < 1 or max_uploads_per_key < 1:
             raise ValueError("max_question_tokens, max_prompt_tokens and max_uploads_per_key must be >= 1")
         # Uploads in progress per key: an upload holds the model for its whole ingest, so one key sending
         # many at once would take the server from everyone else (each is at most max_body_bytes).
         self.max_uploads_per_key = max_uploads_per_key
-        # tokens of one prefill forward (Engine.begin_steps' chunk): within the budget, so that one forward
+        # tokens of one prefill forward (Engine.begin_steps' step): within the budget, so that one forward
         # never takes an iteration past it
-        self.prefill_chunk = min(prefill_chunk, prefill_budget)
+        self.prefill_step = min(prefill_step, prefill_budget)
         self._uploads: dict[str, int] = {}
         engine = served.engine
         together = None

@@ -9,8 +9,8 @@ prefill, the question's prefill), returning the sequence to decode. The worker l
 time (Orca's iteration-level scheduling):
 
 1. admit: take queued jobs while fewer than `max_batch` sequences run or prefill;
-2. prefill (chunked, batched): a generation whose `begin` returns a step generator (Engine.begin_steps)
-   is prefilled one forward of at most the server's `prefill_chunk` tokens at a time, first come first
+2. prefill (in steps, batched): a generation whose `begin` returns a step generator (Engine.begin_steps)
+   is prefilled one forward of at most the server's `prefill_step` tokens at a time, first come first
    served, while the iteration's prefilled tokens stay within `prefill_budget` (`serve --max-batch-tokens`,
    padding of a batched forward counted); a
    sequence whose prefill is done picks its first token at once and joins the running ones. So a long
@@ -191,7 +191,7 @@ class ModelWorker:
 
     def _loop(self) -> None:
         running: list[Running] = []
-        prefilling: list[Prefilling] = []  # admitted, prefill under way (chunked), in order
+        prefilling: list[Prefilling] = []  # admitted, prefill under way (in steps), in order
         while True:
             if self.stopping:
                 self._end_all(running, prefilling)

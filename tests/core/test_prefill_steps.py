@@ -1,5 +1,5 @@
-"""Chunked prefill (Engine.begin_steps): a prompt fed in forwards of at most `prefill_chunk` tokens gives the
-logits of one forward (fp32, 1e-4), on every tiny architecture, across Gemma 3's sliding window, in full
+"""A prefill in steps (Engine.begin_steps): a prompt fed in forwards of at most `prefill_step` tokens gives
+the logits of one forward (fp32, 1e-4), on every tiny architecture, across Gemma 3's sliding window, in full
 and turbo modes (with the abstention reply riding along) and for plain prompts."""
 
 from __future__ import annotations
@@ -33,29 +33,29 @@ def _run(engine: Engine, seq) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("mode", ["full", "turbo", "turbo-ape"])
-def test_chunked_prefill_equals_one_forward(tiny_lm, tmp_path, mode):
-    whole = Engine(tiny_lm, KVStore(tmp_path, cache_format="float32"), EngineOptions(prefill_chunk=100_000))
-    chunked = Engine(tiny_lm, KVStore(tmp_path, cache_format="float32"), EngineOptions(prefill_chunk=7))
+def test_prefill_in_steps_equals_one_forward(tiny_lm, tmp_path, mode):
+    whole = Engine(tiny_lm, KVStore(tmp_path, cache_format="float32"), EngineOptions(prefill_step=100_000))
+    stepped = Engine(tiny_lm, KVStore(tmp_path, cache_format="float32"), EngineOptions(prefill_step=7))
     a = _run(whole, whole.begin(Q, PASSAGES, mode, PARAMS))
-    b = _run(chunked, chunked.begin(Q, PASSAGES, mode, PARAMS))
+    b = _run(stepped, stepped.begin(Q, PASSAGES, mode, PARAMS))
     assert a.shape == b.shape
     assert (a - b).abs().max().item() < 1e-4
 
 
-def test_chunked_prefill_with_the_abstention_reply(gemma_lm, tmp_path):
+def test_prefill_in_steps_with_the_abstention_reply(gemma_lm, tmp_path):
     """The reply is fed after the prompt (engine.reply_logprob): its logits must come from one forward
     even when the chunks would split them."""
     gemma_lm.abstain_threshold = 0.99
-    whole = Engine(gemma_lm, KVStore(tmp_path, cache_format="float32"), EngineOptions(prefill_chunk=100_000))
-    chunked = Engine(gemma_lm, KVStore(tmp_path, cache_format="float32"), EngineOptions(prefill_chunk=5))
+    whole = Engine(gemma_lm, KVStore(tmp_path, cache_format="float32"), EngineOptions(prefill_step=100_000))
+    stepped = Engine(gemma_lm, KVStore(tmp_path, cache_format="float32"), EngineOptions(prefill_step=5))
     a = whole.answer(Q, PASSAGES, "full", PARAMS)
-    b = chunked.answer(Q, PASSAGES, "full", PARAMS)
+    b = stepped.answer(Q, PASSAGES, "full", PARAMS)
     assert a.abstain_logprob == pytest.approx(b.abstain_logprob, abs=1e-4)
     assert a.token_ids == b.token_ids
 
 
 def test_steps_yield_each_forward_and_cover_the_prompt(gemma_lm, tmp_path):
-    engine = Engine(gemma_lm, KVStore(tmp_path, cache_format="float32"), EngineOptions(prefill_chunk=16))
+    engine = Engine(gemma_lm, KVStore(tmp_path, cache_format="float32"), EngineOptions(prefill_step=16))
     steps = engine.begin_steps(Q, PASSAGES, "full", PARAMS)
     counts = []
     while True:
@@ -70,17 +70,15 @@ def test_steps_yield_each_forward_and_cover_the_prompt(gemma_lm, tmp_path):
     assert sum(list(turbo)) < seq.prompt_tokens  # turbo: only the question
 
 
-def test_plain_prompt_chunked(gemma_lm, tmp_path):
+def test_plain_prompt_stepped(gemma_lm, tmp_path):
     ids = gemma_lm.tokenizer(" ".join(PASSAGES) + " " + Q)["input_ids"]
-    whole = Engine(gemma_lm, KVStore(tmp_path, cache_format="float32"), EngineOptions(prefill_chunk=100_000))
-    chunked = Engine(
-        gemma_lm, KVStore(tmp_path / "b", cache_format="float32"), EngineOptions(prefill_chunk=9)
-    )
+    whole = Engine(gemma_lm, KVStore(tmp_path, cache_format="float32"), EngineOptions(prefill_step=100_000))
+    stepped = Engine(gemma_lm, KVStore(tmp_path / "b", cache_format="float32"), EngineOptions(prefill_step=9))
     a = _run(whole, whole.begin_prompt(ids, PARAMS))
-    b = _run(chunked, chunked.begin_prompt(ids, PARAMS))
+    b = _run(stepped, stepped.begin_prompt(ids, PARAMS))
     assert (a - b).abs().max().item() < 1e-4
 
 
-def test_prefill_chunk_must_be_positive(gemma_lm, tmp_path):
-    with pytest.raises(ValueError, match="prefill_chunk"):
-        Engine(gemma_lm, KVStore(tmp_path), EngineOptions(prefill_chunk=0))
+def test_prefill_step_must_be_positive(gemma_lm, tmp_path):
+    with pytest.raises(ValueError, match="prefill_step"):
+        Engine(gemma_lm, KVStore(tmp_path), EngineOptions(prefill_step=0))
