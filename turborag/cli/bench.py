@@ -293,6 +293,118 @@ def bench_precompute_cmd(
     stdout().print(table)
 
 
+@app.command("decode")
+def bench_decode_cmd(
+    sequences: str = typer.Option("1,8,32", help="comma-separated numbers of concurrent sequences"),
+    steps: int = typer.Option(32, min=2, help="decode steps timed per run (one token per sequence each)"),
+    context_tokens: int = typer.Option(512, min=16, help="passage tokens every sequence answers from"),
+    llama_cpp: str = typer.Option(
+        None,
+        "--llama-cpp",
+        help="also decode one sequence with llama.cpp (llama-cpp-python) on this GGUF and the same prompt "
+        "and threads; `auto`: the GGUF the model was converted from",
+        show_default=False,
+    ),
+    model: str = ModelOpt,
+    device: str = DeviceOpt,
+    template: str = TemplateOpt,
+    dtype: str = DtypeOpt,
+    store: Path = typer.Option(None, help="cache store (default: $TURBORAG_HOME/bench-store)"),
+    as_json: bool = JsonOpt,
+) -> None:
+    """Decode tokens/s after the first token at 1, 8 and 32 sequences; bytes read per step; the bound that
+    the machine's memory bandwidth sets; llama.cpp's tokens/s beside them."""
+    counts = int_list(sequences, "--sequences")
+    import torch  # after the argument checks
+
+    from turborag.bench import decode
+
+    engine = _engine_for_sizes([context_tokens], model, device, store, template, dtype)
+    gguf = _source_gguf(engine.lm, llama_cpp) if llama_cpp else None
+    log = (lambda line: None) if as_json else progress
+    bandwidth = decode.memory_bandwidth()
+    rows = decode.bench_decode(engine, counts, steps, context_tokens, log=log)
+    threads = torch.get_num_threads()
+    out = {
+        "model": model,
+        "dtype": str(engine.lm.dtype).replace("torch.", ""),
+        "threads": threads,
+        "context_tokens": context_tokens,
+        "bandwidth_bytes_per_s": bandwidth.bytes_per_s,
+        "rows": [vars(r) | {"bound_tokens_per_s": _bound(r, bandwidth.bytes_per_s)} for r in rows],
+        "llama_cpp": None,
+    }
+    if gguf is not None:
+        prompt = engine.check_fits(
+            decode.QUESTION, decode.doc_chunks(engine, context_tokens), engine.qa_params()
+        )
+        try:
+            seconds = decode.llama_cpp_decode(str(gguf), prompt.ids, steps, threads)
+        except decode.LlamaCppUnavailable as e:
+            fail(str(e))
+        out["llama_cpp"] = {
+            "gguf": str(gguf),
+            "gguf_bytes": gguf.stat().st_size,
+            "tokens_per_s": steps / seconds,
+        }
+    if as_json:
+        typer.echo(json.dumps(out))
+        return
+    stdout().print(_decode_table(out))
+
+
+def _bound(row, bandwidth: float) -> float:
+    """Tokens/s that memory bandwidth allows a step reading the row's bytes."""
+    return row.sequences * bandwidth / (row.weight_bytes + row.kv_bytes)
+
+
+def _source_gguf(lm, given: str) -> Path:
+    """The GGUF llama.cpp reads: the path given, or with `auto` the one the model was converted from."""
+    if given != "auto":
+        path = Path(given).expanduser()
+        if not (path.is_file() and path.suffix == ".gguf"):
+            fail(f"--llama-cpp {given}: not a .gguf file")
+        return path
+    source = (lm.folder or Path()) / "turborag_source.json"
+    if not source.is_file():
+        fail(f"--llama-cpp auto: {lm.name} was not converted from a GGUF; pass the GGUF's path")
+    return Path(json.loads(source.read_text())["gguf"])
+
+
+def _decode_table(out: dict) -> Table:
+    table = Table(
+        title=f"Decode after the first token: {out['model']}, {out['dtype']}, {out['threads']} threads, "
+        f"{out['context_tokens']} context tokens; memory bandwidth "
+        f"{out['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s"
+    )
+    for col in (
+        "engine",
+        "sequences",
+        "tokens/s",
+        "MB read per step",
+        "bandwidth bound tokens/s",
+        "of bound",
+    ):
+        table.add_column(col, justify="left" if col == "engine" else "right")
+    for r in out["rows"]:
+        read = (r["weight_bytes"] + r["kv_bytes"]) / 1e6
+        share = r["tokens_per_s"] / r["bound_tokens_per_s"]
+        table.add_row(
+            "turborag",
+            str(r["sequences"]),
+            f"{r['tokens_per_s']:.2f}",
+            f"{read:,.0f}",
+            f"{r['bound_tokens_per_s']:.2f}",
+            f"{share:.0%}",
+        )
+    if out["llama_cpp"]:
+        ll = out["llama_cpp"]
+        table.add_row(
+            "llama.cpp", "1", f"{ll['tokens_per_s']:.2f}", f"{ll['gguf_bytes'] / 1e6:,.0f} (file)", "", ""
+        )
+    return table
+
+
 @app.command("serve")
 def bench_serve_cmd(
     clients: int = typer.Option(32, min=1, max=256, help="concurrent streaming clients (load test)"),
