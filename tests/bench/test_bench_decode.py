@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from turborag.bench import decode
 from turborag.cli import app
+from turborag.core import decode_weights
 from turborag.core.engine import Engine
 from turborag.core.model import LoadedModel, fingerprint
 from turborag.store.kv_store import KVStore
@@ -38,11 +39,21 @@ def test_every_sequence_decodes_the_steps_timed(tmp_path):
 def test_rows_count_each_sequences_tokens(tmp_path):
     engine = _engine(tmp_path)
     rows = decode.bench_decode(engine, (1, 2), steps=3, context_tokens=64)
-    assert [(r.sequences, r.steps) for r in rows] == [(1, 3), (2, 3)]
+    assert [(r.weights, r.sequences, r.steps) for r in rows] == [("float", 1, 3), ("float", 2, 3)]
     for r in rows:
         assert r.tokens_per_s == r.sequences * r.steps / r.seconds
         assert r.kv_bytes > 0 and r.weight_bytes == decode.weight_bytes(engine.lm.model)
     assert rows[1].kv_bytes == 2 * rows[0].kv_bytes
+
+
+def test_int8_copies_are_the_bytes_a_few_sequences_read():
+    model = make("gemma3")  # tied output layer
+    floats = decode.weight_bytes(model)
+    decode_weights.use_int8_decode(model)
+    linears = [m for m in model.modules() if isinstance(m, decode_weights.Int8DecodeLinear)]
+    saved = sum(m.weight.numel() * 4 - m.qweight.numel() - m.qscale.numel() * 2 for m in linears)
+    assert decode.weight_bytes(model, 1) == floats - saved
+    assert decode.weight_bytes(model, decode_weights.FEW_ROWS + 1) == floats  # a large batch reads floats
 
 
 def test_weight_bytes_count_a_tied_head_once_and_skip_an_untied_embedding():
@@ -68,11 +79,23 @@ def test_memory_bandwidth_is_measured():
 def test_cli_json(tiny_model_dir, env):
     args = ["bench", "decode", "--model", tiny_model_dir, "--sequences", "1,2", "--steps", "2"]
     out = cli_json(runner.invoke(app, [*args, "--context-tokens", "64", "--json"]))
-    assert [r["sequences"] for r in out["rows"]] == [1, 2] and out["llama_cpp"] is None
+    assert [(r["weights"], r["sequences"]) for r in out["rows"]] == [
+        ("float", 1),
+        ("float", 2),
+        ("int8", 1),
+        ("int8", 2),
+    ]
+    assert out["llama_cpp"] is None
     for r in out["rows"]:
         assert r["bound_tokens_per_s"] == r["sequences"] * out["bandwidth_bytes_per_s"] / (
             r["weight_bytes"] + r["kv_bytes"]
         )
+
+
+def test_bad_weights_are_refused(tiny_model_dir, env):
+    args = ["bench", "decode", "--model", tiny_model_dir, "--weights", "int4"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2 and "float and int8" in result.output
 
 
 def test_llama_cpp_auto_needs_a_model_converted_from_a_gguf(tiny_model_dir, env):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from turborag.bench.engine import QUESTION, doc_chunks
+from turborag.core import decode_weights
 from turborag.core.arch import kv_shape, layer_windows
 from turborag.core.batch import DecodeBatch
 from turborag.core.engine import Engine
@@ -27,6 +28,7 @@ from turborag.core.generate import DecodeState, SamplingParams
 
 @dataclass
 class DecodeRow:
+    weights: str  # what decode steps read: "float" (the model's dtype) or "int8" (decode_weights.py)
     sequences: int
     steps: int  # decode steps timed, each one token per sequence
     seconds: float
@@ -36,7 +38,7 @@ class DecodeRow:
 
     def summary(self) -> str:
         return (
-            f"{self.sequences:>3} sequences: {self.tokens_per_s:8.2f} tokens/s "
+            f"{self.weights:>5} {self.sequences:>3} sequences: {self.tokens_per_s:8.2f} tokens/s "
             f"({self.steps} steps, {self.seconds:.2f} s)"
         )
 
@@ -60,13 +62,19 @@ def memory_bandwidth(buffer_bytes: int = 1 << 30, repeats: int = 5) -> Bandwidth
     return Bandwidth(buffer_bytes / best, buffer_bytes)
 
 
-def weight_bytes(model: torch.nn.Module) -> int:
-    """Bytes of the weights one decode step reads: every parameter (a tied output layer counted once),
-    less an untied input embedding, of which a step reads one row per sequence."""
+def weight_bytes(model: torch.nn.Module, sequences: int = 1) -> int:
+    """Bytes of the weights one decode step of `sequences` sequences reads: every parameter (a tied output
+    layer counted once), less an untied input embedding, of which a step reads one row per sequence; a
+    layer with an int8 copy that the step uses (decode_weights.py) counts the copy instead."""
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     emb, head = model.get_input_embeddings(), model.get_output_embeddings()
     if head is None or head.weight is not emb.weight:
         total -= emb.weight.numel() * emb.weight.element_size()
+    if sequences <= decode_weights.FEW_ROWS:
+        for m in model.modules():
+            if isinstance(m, decode_weights.Int8DecodeLinear):
+                total += m.qweight.numel() + m.qscale.numel() * m.qscale.element_size()
+                total -= m.weight.numel() * m.weight.element_size()
     return total
 
 
@@ -126,14 +134,16 @@ def bench_decode(
     chunks = doc_chunks(engine, context_tokens)
     engine.precompute(chunks)
     _timed_steps(engine, _sequences(engine, 1, chunks, 2), 2)  # warm-up: first-call costs land nowhere
-    weights = weight_bytes(engine.lm.model)
     rows = []
     for n in sequences:
         states = _sequences(engine, n, chunks, steps)
         entries = states[0].pos + steps // 2  # the cache's mean length over the timed steps
         seconds = _timed_steps(engine, states, steps)
         kv = n * kv_bytes(engine.lm.model, entries, engine.lm.dtype)
-        rows.append(DecodeRow(n, steps, seconds, n * steps / seconds, weights, kv))
+        weights = weight_bytes(engine.lm.model, n)
+        rows.append(
+            DecodeRow(engine.options.decode_weights, n, steps, seconds, n * steps / seconds, weights, kv)
+        )
         log(rows[-1].summary())
     return rows
 

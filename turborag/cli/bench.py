@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from turborag.cli.common import (
 )
 from turborag.cli.loading import engine_for, load_engine, open_catalog
 from turborag.core.defaults import DEFAULT_MAX_BATCH, DEFAULT_MODEL, DEFAULT_PREFILL_BUDGET, turborag_home
+from turborag.core.errors import ModelError
 from turborag.core.options import EngineOptions
 
 app = typer.Typer(help="Benchmarks (ratios measured side by side in one run).", no_args_is_help=True)
@@ -298,6 +300,9 @@ def bench_decode_cmd(
     sequences: str = typer.Option("1,8,32", help="comma-separated numbers of concurrent sequences"),
     steps: int = typer.Option(32, min=2, help="decode steps timed per run (one token per sequence each)"),
     context_tokens: int = typer.Option(512, min=16, help="passage tokens every sequence answers from"),
+    weights: str = typer.Option(
+        "float,int8", help="comma-separated weights decode steps read, measured in turn: float, int8"
+    ),
     llama_cpp: str = typer.Option(
         None,
         "--llama-cpp",
@@ -315,15 +320,27 @@ def bench_decode_cmd(
     """Decode tokens/s after the first token at 1, 8 and 32 sequences; bytes read per step; the bound that
     the machine's memory bandwidth sets; llama.cpp's tokens/s beside them."""
     counts = int_list(sequences, "--sequences")
+    kinds = [w.strip() for w in weights.split(",") if w.strip()]
+    if not kinds or set(kinds) - {"float", "int8"} or kinds != sorted(set(kinds), key=kinds.index):
+        fail(f"--weights {weights}: a list of float and int8, each once")
     import torch  # after the argument checks
 
     from turborag.bench import decode
+    from turborag.core.engine import Engine
 
     engine = _engine_for_sizes([context_tokens], model, device, store, template, dtype)
     gguf = _source_gguf(engine.lm, llama_cpp) if llama_cpp else None
     log = (lambda line: None) if as_json else progress
     bandwidth = decode.memory_bandwidth()
-    rows = decode.bench_decode(engine, counts, steps, context_tokens, log=log)
+    rows = []
+    for kind in sorted(kinds, key=["float", "int8"].index):  # int8 copies stay on the model: float first
+        if kind == "int8":
+            options = dataclasses.replace(engine.options, decode_weights="int8")
+            try:
+                engine = Engine(engine.lm, engine.store, options)
+            except ModelError as e:  # off the CPU
+                fail(str(e))
+        rows += decode.bench_decode(engine, counts, steps, context_tokens, log=log)
     threads = torch.get_num_threads()
     out = {
         "model": model,
@@ -377,20 +394,15 @@ def _decode_table(out: dict) -> Table:
         f"{out['context_tokens']} context tokens; memory bandwidth "
         f"{out['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s"
     )
-    for col in (
-        "engine",
-        "sequences",
-        "tokens/s",
-        "MB read per step",
-        "bandwidth bound tokens/s",
-        "of bound",
-    ):
-        table.add_column(col, justify="left" if col == "engine" else "right")
+    columns = ("engine", "weights", "sequences", "tokens/s", "MB read per step", "bound tokens/s", "of bound")
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("engine", "weights") else "right")
     for r in out["rows"]:
         read = (r["weight_bytes"] + r["kv_bytes"]) / 1e6
         share = r["tokens_per_s"] / r["bound_tokens_per_s"]
         table.add_row(
             "turborag",
+            r["weights"],
             str(r["sequences"]),
             f"{r['tokens_per_s']:.2f}",
             f"{read:,.0f}",
@@ -399,9 +411,8 @@ def _decode_table(out: dict) -> Table:
         )
     if out["llama_cpp"]:
         ll = out["llama_cpp"]
-        table.add_row(
-            "llama.cpp", "1", f"{ll['tokens_per_s']:.2f}", f"{ll['gguf_bytes'] / 1e6:,.0f} (file)", "", ""
-        )
+        file_mb = f"{ll['gguf_bytes'] / 1e6:,.0f} (file)"
+        table.add_row("llama.cpp", "GGUF", "1", f"{ll['tokens_per_s']:.2f}", file_mb, "", "")
     return table
 
 

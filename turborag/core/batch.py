@@ -36,7 +36,7 @@ import contextlib
 
 import torch
 
-from turborag.core import ape, hf_compat, query_adapter
+from turborag.core import ape, decode_weights, hf_compat, query_adapter
 from turborag.core.generate import DecodeState
 
 MaskArg = torch.Tensor | dict[str, torch.Tensor]
@@ -74,7 +74,7 @@ class DecodeBatch:
         mask = self._mask()
         attention = self._ape_context()
         ape_on = ape.enabled(self.model) if attention is not None else contextlib.nullcontext()
-        with ape_on, query_adapter.active(self.model, [r.adapter for r in rows]):
+        with ape_on, query_adapter.active(self.model, [r.adapter for r in rows]), decode_weights.decoding():
             extra = {"ape": attention} if attention is not None else {}
             logits = hf_compat.forward(
                 self.model, ids, pos, self.cache, attention_mask=mask, logits_to_keep=1, **extra

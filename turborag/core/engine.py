@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from turborag.core import ape, grounding, hf_compat, kv, modes, query_adapter, recompute
+from turborag.core import ape, decode_weights, grounding, hf_compat, kv, modes, query_adapter, recompute
 from turborag.core.arch import end_of_turn_ids, layer_inv_freq, layer_windows
 from turborag.core.defaults import (
     CALIBRATION_FEW_RIGHT,
@@ -162,6 +162,10 @@ class Engine:
 
     def __init__(self, lm: LoadedModel, store: KVStore, options: EngineOptions | None = None):
         options = options or EngineOptions()
+        if options.decode_weights == "int8":
+            decode_weights.use_int8_decode(lm.model)  # int8 copies beside the weights, once per model
+        elif decode_weights.has_int8(lm.model):
+            raise ValueError("this model decodes with int8 weights (decode_weights='int8'); load it again")
         self.lm = lm
         self.options = options
         self.layout = PromptLayout(lm.tokenizer, options.template)
@@ -210,8 +214,10 @@ class Engine:
     def with_options(self, **changes) -> Engine:
         """This engine answering with some options changed (a calibration's candidate, a benchmark's other
         arm): the model, the caches and the prefix cache are shared, so it costs nothing to make. Only the
-        answering settings can change; the template, the RAM tier and the prefix cache are the engine's."""
-        fixed = {"template", "ram_cache_bytes", "prefix_block", "prefix_cache_tokens"} & set(changes)
+        answering settings can change; the template, the RAM tier, the prefix cache and the decode weights
+        (a change to the shared model) are the engine's."""
+        fixed = {"template", "ram_cache_bytes", "prefix_block", "prefix_cache_tokens", "decode_weights"}
+        fixed &= set(changes)
         if fixed:
             raise ValueError(f"{', '.join(sorted(fixed))}: build another Engine for that")
         other = copy.copy(self)
@@ -476,7 +482,11 @@ class Engine:
         """Feed one sequence's picked token through the model, on its own cache."""
         ids = torch.tensor([[seq.token]], device=self.lm.device)  # (1, 1)
         pos = torch.tensor([[seq.pos]], device=self.lm.device)  # (1, 1)
-        with self._attention(seq.attention) as kwargs, query_adapter.active(self.lm.model, seq.adapter):
+        with (
+            self._attention(seq.attention) as kwargs,
+            query_adapter.active(self.lm.model, seq.adapter),
+            decode_weights.decoding(),
+        ):
             seq.fed(hf_compat.forward(self.lm.model, ids, pos, seq.cache, logits_to_keep=1, **kwargs)[0, -1])
 
     @contextlib.contextmanager
