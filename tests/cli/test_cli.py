@@ -44,6 +44,19 @@ def test_eval_json_reports_every_mode(tiny_model_dir, env):
     assert "line 6: not valid JSON" in r.stderr
 
 
+def test_eval_with_int8_decode_weights(tiny_model_dir, env):
+    """`--decode-weights int8` answers in every mode, recorded in the JSON; an unknown kind is refused."""
+    data = env / "d.jsonl"
+    write_jsonl(generate(3, 2, seed=3), data)
+    args = ["eval", str(data), "--model", tiny_model_dir, "--json", "--modes", "full,turbo", "--limit", "2"]
+    r = runner.invoke(app, [*args, "--decode-weights", "int8", "--max-new-tokens", "4"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["decode_weights"] == "int8" and out["modes"]["turbo"]["n"] == 2
+    r = runner.invoke(app, [*args, "--decode-weights", "int4"])
+    assert r.exit_code == 2 and "use float or int8" in r.output
+
+
 def test_eval_abstain_threshold_scores_and_abstains(tiny_model_dir, env):
     """A threshold every probability reaches: every answer is the abstention, each prediction carries the
     reply's log-probability, and the JSON records the threshold; 0 turns it off."""

@@ -11,6 +11,7 @@ import typer
 from turborag.cli.common import (
     AbstainThresholdOpt,
     CollectionOpt,
+    DecodeWeightsOpt,
     DeviceOpt,
     JsonOpt,
     NameCheckOpt,
@@ -58,6 +59,7 @@ def ask(
     api_key: str = typer.Option(None, envvar="TURBORAG_API_KEY", help="the server's API key, if it has one"),
     abstain_threshold: float = AbstainThresholdOpt,
     name_check: bool = NameCheckOpt,
+    decode_weights: str = DecodeWeightsOpt,
     as_json: bool = JsonOpt,
 ) -> None:
     """Answer from the store: retrieve top-k chunks, reuse their caches (turbo) or prefill them (full).
@@ -89,7 +91,7 @@ def ask(
         except ServerError as e:
             fail(str(e))
     catalog = open_catalog(store, create=False, collection=collection)
-    options = answer_options(abstain_threshold, name_check)
+    options = answer_options(abstain_threshold, name_check, decode_weights)
     engine = load_engine(catalog, model, device, template, dtype=dtype, options=options)
     _ask_local(engine, catalog, question, collection, mode, top_k, max_new_tokens, as_json)
 

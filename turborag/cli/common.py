@@ -76,12 +76,25 @@ NameCheckOpt = typer.Option(
 )
 
 
-def answer_options(abstain_threshold: float | None, name_check: bool | None):
-    """The engine options of --abstain-threshold and --name-check: None keeps what the model records, a
-    threshold of 0 turns it off (core/options.py)."""
+DecodeWeightsOpt = typer.Option(
+    "float",
+    "--decode-weights",
+    help="weights the decode steps read: float (the model's) or int8 (8-bit copies, CPU only: fewer bytes "
+    "per token; prefills and stored caches keep the float weights)",
+)
+
+
+def answer_options(abstain_threshold: float | None, name_check: bool | None, decode_weights: str = "float"):
+    """The engine options of --abstain-threshold, --name-check and --decode-weights: None keeps what the
+    model records, a threshold of 0 turns it off (core/options.py)."""
     from turborag.core.options import EngineOptions
 
-    return EngineOptions(abstain_threshold=abstain_threshold, name_check=name_check)
+    try:
+        return EngineOptions(
+            abstain_threshold=abstain_threshold, name_check=name_check, decode_weights=decode_weights
+        )
+    except ValueError as e:
+        fail(str(e))
 
 
 # Options of the commands that work on a store (ingest, ask, remove, cache): the store remembers its model.

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from turborag.cli.common import (
     AbstainThresholdOpt,
+    DecodeWeightsOpt,
     DeviceOpt,
     DtypeOpt,
     ModelOpt,
@@ -78,6 +79,7 @@ def eval_cmd(
     ),
     abstain_threshold: float = AbstainThresholdOpt,
     name_check: bool = NameCheckOpt,
+    decode_weights: str = DecodeWeightsOpt,
     as_json: bool = typer.Option(False, "--json", help="print one JSON object"),
     predictions: Path = typer.Option(None, help="also write every answer to this JSONL file"),
     plot: Path = typer.Option(
@@ -108,7 +110,7 @@ def eval_cmd(
     results = {}
     threshold, checked = None, None
     for spec, group in group_by_model(mode_list, model).items():  # one model in memory at a time
-        options = answer_options(abstain_threshold, name_check)
+        options = answer_options(abstain_threshold, name_check, decode_weights)
         engine = engine_for(spec, device, store, template, dtype, fmt, options)
         if spec == model:
             threshold, checked = engine.abstain_threshold, engine.name_check
@@ -127,6 +129,7 @@ def eval_cmd(
         "model": model,
         "abstain_threshold": threshold,  # the one --model answered with
         "name_check": checked,
+        "decode_weights": decode_weights,
         "scoring": scoring,
         "skipped_lines": len(problems),
     }

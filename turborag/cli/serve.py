@@ -12,6 +12,7 @@ import typer
 
 from turborag.cli.common import (
     AbstainThresholdOpt,
+    DecodeWeightsOpt,
     DeviceOpt,
     NameCheckOpt,
     StoreDtypeOpt,
@@ -97,6 +98,7 @@ def serve(
     ),
     abstain_threshold: float = AbstainThresholdOpt,
     name_check: bool = NameCheckOpt,
+    decode_weights: str = DecodeWeightsOpt,
 ) -> None:
     """OpenAI-compatible HTTP server: /v1/chat/completions (retrieval + turbo), /v1/completions, documents."""
     try:
@@ -125,7 +127,7 @@ def serve(
         access = Access.from_file(keys.expanduser() if keys else None)
     except KeysError as e:
         fail(f"--keys: {e}")
-    options = replace(answer_options(abstain_threshold, name_check), ram_cache_bytes=ram)
+    options = replace(answer_options(abstain_threshold, name_check, decode_weights), ram_cache_bytes=ram)
     served = served_for(store, model, device, max_tokens, dtype=dtype, options=options, read_only=read_only)
     app = create_app(
         served,
