@@ -86,6 +86,22 @@ def test_reaching_the_threshold_answers_the_abstention(tiny_lm, tmp_path):
     assert short.token_ids == engine.abstain_ids[:3] and short.finish_reason == "length"
 
 
+@pytest.mark.parametrize("tiny_lm", ["qwen2"], indirect=True)
+def test_min_tokens_longer_than_the_reply_is_answered_by_the_model(tiny_lm, tmp_path):
+    """A caller who asks for at least N tokens gets the model's answer when N is more than the fixed reply;
+    up to the reply's length the threshold still declines."""
+    engine = _engine(tiny_lm, tmp_path, 1e-300)
+    n = len(engine.abstain_ids)
+    plain = _engine(tiny_lm, tmp_path / "plain", None)
+    for mode in ("full", "turbo"):
+        longer = SamplingParams(max_new_tokens=n + 4, min_tokens=n + 1)
+        a = engine.answer(Q, PASSAGES, mode, longer)
+        assert a.token_ids == plain.answer(Q, PASSAGES, mode, longer).token_ids != engine.abstain_ids
+        assert a.abstain_logprob is not None  # still scored
+        same = SamplingParams(max_new_tokens=n + 4, min_tokens=n)
+        assert engine.answer(Q, PASSAGES, mode, same).token_ids == engine.abstain_ids
+
+
 @pytest.mark.parametrize("tiny_lm", ["llama"], indirect=True)
 def test_a_forced_abstention_decodes_in_a_batch_beside_other_requests(tiny_lm, tmp_path):
     engine = _engine(tiny_lm, tmp_path, None)

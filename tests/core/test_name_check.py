@@ -106,6 +106,11 @@ def test_engine_declines_exactly_when_a_name_is_missing(tiny_lm, tmp_path):
         assert declined.token_ids == checked.abstain_ids and declined.missing_names == ["Veltreno Dynamics"]
         assert declined.finish_reason == "stop" and declined.ttft_s > 0 and declined.prompt_tokens > 0
         assert plain.answer(absent, PASSAGES, mode, params).token_ids != checked.abstain_ids
+        # an answer asked to be longer than the reply is the model's, and names no missing name
+        longer = SamplingParams(max_new_tokens=64, min_tokens=len(checked.abstain_ids) + 1)
+        answered = checked.answer(absent, PASSAGES, mode, longer)
+        assert answered.token_ids == plain.answer(absent, PASSAGES, mode, longer).token_ids
+        assert answered.missing_names == []
 
 
 def test_name_check_is_read_from_the_fine_tune_record(tmp_path):

@@ -184,3 +184,25 @@ def test_keys_cli_errors(tmp_path):
     f.write_text('{"name": "x", "sha256": "plain-text-key", "read": ["a"]}\n')
     r = CliRunner().invoke(app, ["serve", "--keys", str(f)])
     assert r.exit_code == 2 and "line 1" in r.output and "sha256" in r.output
+
+
+def test_serve_warns_when_metrics_are_open_to_keyless_clients(tmp_path, monkeypatch, tiny_model_dir, caplog):
+    """An API that needs a key with /metrics that does not: a warning at startup; --metrics-key quiets it
+    (run_app replaced: nothing is bound)."""
+    import logging
+
+    import turborag.serve.app as serve_app
+
+    monkeypatch.setenv("TURBORAG_HOME", str(tmp_path))
+    monkeypatch.delenv("TURBORAG_METRICS_KEY", raising=False)
+    monkeypatch.setattr(serve_app, "run_app", lambda app, host, port, **kw: None)
+    args = ["serve", "--model", tiny_model_dir, "--api-key", "sk-a"]
+    with caplog.at_level(logging.WARNING, logger="turborag.serve"):
+        r = CliRunner().invoke(app, args)
+    assert r.exit_code == 0, r.output
+    assert "/metrics answers without a key" in caplog.text and "--metrics-key" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="turborag.serve"):
+        r = CliRunner().invoke(app, [*args, "--metrics-key", "sk-m"])
+    assert r.exit_code == 0, r.output
+    assert "/metrics answers without a key" not in caplog.text

@@ -123,6 +123,34 @@ def test_unknown_model_names_both_accepted_names(served):
     assert "'turborag'" in err["message"]
 
 
+@pytest.mark.parametrize(
+    ("path", "field", "value"),
+    [
+        ("/v1/chat/completions", "n", 2),
+        ("/v1/chat/completions", "logprobs", True),
+        ("/v1/chat/completions", "top_logprobs", 2),
+        ("/v1/chat/completions", "tools", [{"type": "function", "function": {"name": "f"}}]),
+        ("/v1/completions", "logprobs", 3),
+        ("/v1/completions", "best_of", 2),
+        ("/v1/completions", "echo", True),
+    ],
+)
+def test_parameters_it_cannot_honour_are_refused(served, path, field, value):
+    body = {"model": "turborag", "max_tokens": 2, field: value}
+    body |= {"prompt": "x"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "x"}]}
+    r = httpx.post(served.url + path, json=body, headers=AUTH, timeout=60)
+    assert r.status_code == 400
+    err = _error(r)
+    assert err["param"] == field and err["code"] == "invalid_value", err
+
+
+def test_their_neutral_values_pass(served):
+    body = {"model": "turborag", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
+    neutral = {"n": 1, "logprobs": False, "top_logprobs": None, "tools": [], "echo": False, "best_of": None}
+    r = httpx.post(served.url + "/v1/chat/completions", json=body | neutral, headers=AUTH, timeout=60)
+    assert r.status_code == 200, r.text
+
+
 def _seed_with_leading_space(engine: Engine) -> int:
     """A seed whose sampled answer (as the chat route asks for it) starts with whitespace before any text:
     the case where streamed and whole answers used to differ. Found, not hard-coded, so that the test keeps

@@ -121,8 +121,9 @@ def serve(
         hosts = HostPolicy.for_bind(host, port, allowed_host or [])
     except ValueError as e:
         fail(f"--allowed-host: {e}")
-    if warning := hosts.warning():
-        log.warning(warning)
+    for warning in (hosts.warning(), open_metrics_warning(bool(api_key or keys), metrics_key)):
+        if warning:
+            log.warning(warning)
     try:
         access = Access.from_file(keys.expanduser() if keys else None)
     except KeysError as e:
@@ -156,6 +157,16 @@ def serve(
         run_app(app, host, port, on_exit=lambda: remove_server_file(root))
     finally:
         remove_server_file(root)
+
+
+def open_metrics_warning(keyed: bool, metrics_key: str | None) -> str | None:
+    """The warning for a server whose API needs a key while /metrics does not."""
+    if keyed and not metrics_key:
+        return (
+            "/metrics answers without a key (request counts, queue depth, token rates): set --metrics-key "
+            "(or TURBORAG_METRICS_KEY) to require one"
+        )
+    return None
 
 
 def _print_start(served, host: str, port: int) -> None:

@@ -428,6 +428,9 @@ class Engine:
         decision.missing = grounding.missing_names(question, passages) if self.name_check else []
         if decision.missing:
             decision.forced = self.abstain_ids
+        if decision.forced and params.min_tokens > len(decision.forced):
+            # the caller asked for an answer longer than the fixed reply: the model answers
+            decision.forced, decision.missing = None, []
         return self._sequence(done, params, t0, mode, len(prompt.ids), decision)
 
     def complete_stream(

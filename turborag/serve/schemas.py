@@ -119,6 +119,32 @@ class SamplingFields(RequestBody):
     seed: int | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # OpenAI parameters this server cannot honour: refused (400) rather than ignored, so that a client never
+    # reads one choice as n, or an answer as a tool call. Their neutral values (n=1, false, null, []) pass.
+    n: int | None = 1
+    best_of: int | None = None
+    logprobs: bool | int | None = None
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    functions: list[Any] | None = None
+    echo: bool = False
+
+    @field_validator("n", "best_of")
+    @classmethod
+    def _one_choice(cls, value: int | None) -> int | None:
+        if value not in (None, 1):
+            raise ValueError("must be 1: one choice per request (send several requests instead)")
+        return value
+
+    @field_validator("logprobs", "top_logprobs", "tools", "functions", "echo")
+    @classmethod
+    def _unsupported(cls, value: Any) -> Any:
+        if value:  # null, false, 0 and [] ask for nothing
+            raise ValueError(
+                "not supported by this server (it answers from passages: no log-probabilities, "
+                "no tool calls, no echo)"
+            )
+        return value
 
     @model_validator(mode="after")
     def _min_below_max(self):
