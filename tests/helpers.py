@@ -48,21 +48,29 @@ def write_corpus(folder: Path) -> Path:
     return folder
 
 
-def one_page_pdf(lines: list[str]) -> bytes:
-    """A minimal valid PDF with the lines in Helvetica (built by hand: no PDF writer dependency)."""
-    content = "BT /F1 12 Tf 72 720 Td 14 TL " + " ".join(f"({t}) '" for t in lines) + " ET"
+def one_page_pdf(lines: list[str], padding: int = 0) -> bytes:
+    """A minimal valid PDF with the lines in Helvetica (built by hand: no PDF writer dependency). With
+    `padding`, the page's content stream ends in that many spaces and is Flate-compressed (a page whose
+    stream decompresses past a parser's limit)."""
+    import zlib
+
+    content = ("BT /F1 12 Tf 72 720 Td 14 TL " + " ".join(f"({t}) '" for t in lines) + " ET").encode()
+    stream_dict = f"<< /Length {len(content)} >>".encode()
+    if padding:
+        content = zlib.compress(content + b" " * padding, 9)
+        stream_dict = f"<< /Length {len(content)} /Filter /FlateDecode >>".encode()
     objs = [
-        "<< /Type /Catalog /Pages 2 0 R >>",
-        "<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
-        "<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
-        "/Resources << /Font << /F1 5 0 R >> >> >>",
-        f"<< /Length {len(content)} >>\nstream\n{content}\nendstream",
-        "<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+        b"<< /Type /Catalog /Pages 2 0 R >>",
+        b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+        b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+        b"/Resources << /Font << /F1 5 0 R >> >> >>",
+        stream_dict + b"\nstream\n" + content + b"\nendstream",
+        b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
     ]
     out, offsets = b"%PDF-1.4\n", []
     for i, obj in enumerate(objs, 1):
         offsets.append(len(out))
-        out += f"{i} 0 obj\n{obj}\nendobj\n".encode()
+        out += f"{i} 0 obj\n".encode() + obj + b"\nendobj\n"
     xref = len(out)
     out += f"xref\n0 {len(objs) + 1}\n0000000000 65535 f \n".encode()
     out += b"".join(f"{o:010d} 00000 n \n".encode() for o in offsets)

@@ -72,6 +72,13 @@ def test_pdf(tmp_path):
     assert docs == [] and report.skipped[0][1].startswith("unreadable PDF")
 
 
+def test_a_pdf_over_the_parsers_limits_says_so(tmp_path):
+    """A page stream that decompresses to 80 MB, past pypdf's 75 MB bound (78 KB on disk)."""
+    (tmp_path / "big.pdf").write_bytes(one_page_pdf(["Hello."], padding=80_000_000))
+    docs, report = _load(tmp_path / "big.pdf")
+    assert docs == [] and report.skipped[0][1].startswith("PDF over the parser's limits")
+
+
 def test_jsonl_records_are_documents(tmp_path):
     lines = [
         json.dumps({"id": "a", "text": "First record."}),

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
-from helpers import write_corpus
+from helpers import one_page_pdf, write_corpus
 from typer.testing import CliRunner
 
 from turborag.bench.serve import ServedApp
@@ -157,6 +157,16 @@ def test_documents_added_and_removed_change_retrieval(served):
         assert not any(c["document"] == doc["id"] for c in chunks())
         assert http.delete(f"/v1/documents/{doc['id']}").status_code == 404
         assert http.delete("/v1/documents/..%2F..").status_code in (400, 404)
+
+
+def test_an_upload_that_cannot_be_read_says_why(served):
+    """A PDF whose page stream decompresses past the parser's bound: a 400 naming that, not "empty"."""
+    h = {"Authorization": f"Bearer {KEY}"}
+    pdf = one_page_pdf(["The harbour opens at dawn."], padding=80_000_000)  # 78 KB on the wire
+    with httpx.Client(base_url=served.url, headers=h, timeout=60) as http:
+        r = http.post("/v1/documents", files={"file": ("big.pdf", pdf, "application/pdf")})
+    assert r.status_code == 400, r.text
+    assert "big.pdf: PDF over the parser's limits" in r.json()["error"]["message"]
 
 
 @pytest.mark.parametrize(

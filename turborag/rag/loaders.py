@@ -245,7 +245,7 @@ def _pdf_text(src: SourceFile, report: LoadReport) -> str | None:
     import logging
 
     from pypdf import PdfReader
-    from pypdf.errors import PyPdfError
+    from pypdf.errors import LimitReachedError, PyPdfError
 
     logging.getLogger("pypdf").setLevel(logging.ERROR)  # pypdf warns per odd object; we report per file
     try:
@@ -254,6 +254,9 @@ def _pdf_text(src: SourceFile, report: LoadReport) -> str | None:
             report.skip(src.path, "encrypted PDF")
             return None
         pages = [(page.extract_text() or "").strip() for page in reader.pages]
+    except LimitReachedError as e:  # a stream that decompresses past pypdf's bounds (a bomb, or just huge)
+        report.skip(src.path, f"PDF over the parser's limits ({e}); convert it to text and add that instead")
+        return None
     except (PyPdfError, ValueError, KeyError, TypeError, OSError) as e:
         report.skip(src.path, f"unreadable PDF: {e}")
         return None

@@ -204,7 +204,8 @@ class ServedStore:
         if res.chunks == 0:
             self.delete(doc, collection)
             shutil.rmtree(folder, ignore_errors=True)
-            raise ValueError(f"{name}: no text could be extracted (empty or unreadable file)")
+            why = res.skipped[0][1] if res.skipped else "no text could be extracted (empty file?)"
+            raise ValueError(f"{name}: {why}")
         doc_ids = view.documents_under(str(folder.resolve()))
         rows = view.cache_keys_of(doc_ids)
         added = {
