@@ -17,7 +17,16 @@ from turborag.cli import app
 from turborag.core.prompt import ABSTAIN
 
 runner = CliRunner()
-INGEST_KEYS = {"documents", "chunks", "new_chunks", "removed_chunks", "tokens", "seconds", "cache_bytes"}
+INGEST_KEYS = {
+    "documents",
+    "chunks",
+    "new_chunks",
+    "removed_chunks",
+    "tokens",
+    "seconds",
+    "cache_bytes",
+    "found_caches",
+}
 ASK_KEYS = {"answer", "mode", "ttft_s", "total_s", "prompt_tokens", "cached_tokens", "chunks"}
 
 

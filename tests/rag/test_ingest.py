@@ -265,6 +265,46 @@ def test_kill_and_resume(tmp_path, tiny_model_dir, computed):
     assert len(computed) == total["cache_entries"] - len(on_disk)  # nothing stored before is recomputed
 
 
+def test_kill_inside_a_group_loses_at_most_the_batch_in_flight(tmp_path, tiny_model_dir, computed):
+    """kill -9 after three forward batches of the first group (whose documents are not committed yet): the
+    three batches' caches are on disk, and the rerun computes only the rest and says how many it found."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for i, (name, text) in enumerate(CORPUS.items()):
+        (docs / f"{i:02d}-{name}").write_text(text)
+    store = tmp_path / "store"
+    args = ["ingest", str(docs), "--store", str(store), "--model", tiny_model_dir, "--chunk-tokens", "16"]
+    args += ["--overlap", "0", "--json"]
+    child = (
+        "import os, signal, sys\n"
+        "import turborag.core.kv as kv\n"
+        "real, batches = kv.precompute_chunks, [0]\n"
+        "def patched(*a, on_batch=None, **k):\n"
+        "    def counted(n, tokens):\n"
+        "        batches[0] += 1\n"
+        "        if batches[0] == 3:\n"
+        "            os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    return real(*a, on_batch=counted, **k)\n"
+        "kv.precompute_chunks = patched\n"
+        "from turborag.cli import main\n"
+        f"sys.argv = ['turborag'] + {args!r}\n"
+        "main()\n"
+    )
+    env = {**os.environ, "TURBORAG_HOME": str(tmp_path / "home")}
+    proc = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr
+    batch = 4  # EngineOptions.batch_size: chunks per forward
+    on_disk = len(_cache_files(store))
+    assert on_disk == 3 * batch  # every batch stored as it ended; the first group (32) was not complete
+
+    r = runner.invoke(app, args, env=env)
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    total = Catalog(store).stats()["cache_entries"]
+    assert total > 8 * batch and out["found_caches"] == on_disk
+    assert len(computed) == total - on_disk  # nothing computed twice
+
+
 def test_ingest_tokenizes_and_keys_each_chunk_once(tmp_path, gemma_lm, monkeypatch):
     """Ingest hands the engine the token ids and keys it made (Engine.precompute_ids), so a chunk is
     tokenized once, not again by the engine; and the progress it reports adds up to what it computed."""

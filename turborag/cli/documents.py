@@ -257,6 +257,7 @@ def _report_ingest(res, paths: list[Path], catalog, as_json: bool) -> None:
             if res.repaired_caches
             else ""
         )
+        + (f"; {plural(res.found_caches, 'chunk cache')} already in the store" if res.found_caches else "")
         + f". Store: {catalog.root}"
     )
 

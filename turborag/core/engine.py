@@ -275,9 +275,9 @@ class Engine:
         return self.precompute_ids(chunks, report)
 
     @property
-    def store_group(self) -> int:
-        """Chunks computed before they are stored: a crash loses at most this many (ingest commits its
-        documents as often)."""
+    def precompute_group(self) -> int:
+        """Chunks sorted by length together, so that each forward batch pads little; every batch is stored
+        as it ends (a crash loses at most one), and ingest commits its documents once per group."""
         return self.batch_size * 8
 
     def precompute_ids(
@@ -302,12 +302,13 @@ class Engine:
         keys = list(todo)
         out = {}
         unreachable = False
-        for s in range(0, len(keys), self.store_group):  # store as we go: a crash loses little
-            part = keys[s : s + self.store_group]
-            caches = kv.precompute_chunks(
-                self.lm.model, self.prefix_kv, [todo[k] for k in part], self.batch_size, self.pad_id, on_batch
-            )
-            for k, c in zip(part, caches):
+        for s in range(0, len(keys), self.precompute_group):
+            part = keys[s : s + self.precompute_group]
+
+            def put(i: int, c: ChunkKV, part: list[str] = part) -> None:
+                """Store one chunk's cache as its forward batch ends: a crash loses at most that batch."""
+                nonlocal unreachable
+                k = part[i]
                 try:
                     if not unreachable:
                         self.store.put(k, c)
@@ -319,6 +320,16 @@ class Engine:
                 stored = self.caches.hold(k, c, keep)
                 if keep:
                     out[k] = stored
+
+            kv.precompute_chunks(
+                self.lm.model,
+                self.prefix_kv,
+                [todo[k] for k in part],
+                self.batch_size,
+                self.pad_id,
+                on_batch=on_batch,
+                on_chunk=put,
+            )
         return out
 
     # -- answering -----------------------------------------------------------------------------------

@@ -27,7 +27,7 @@ which is built from indices, is exactly the mask of the whole context. Global la
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
@@ -83,12 +83,14 @@ def precompute_chunks(
     pad_id: int = 0,
     on_batch=None,
     grad: bool = False,
+    on_chunk: Callable[[int, ChunkKV], None] | None = None,
 ) -> list[ChunkKV]:
     """K/V of each chunk computed behind the prefix at positions [p, p + n_i); returns them in input order.
 
     Chunks of similar length are batched together (sorted by length) and right-padded: under a causal mask,
-    padding after a chunk never changes the chunk's own K/V. `on_batch(n_chunks, n_tokens)` is called after
-    each batch (progress bars).
+    padding after a chunk never changes the chunk's own K/V. As each batch ends, `on_chunk(i, kv)` is called
+    for each of its chunks (i: the index in `chunks`; a store writes it at once), then
+    `on_batch(n_chunks, n_tokens)` (progress bars).
     """
     dev = next(model.parameters()).device
     p = prefix.tokens
@@ -110,6 +112,9 @@ def precompute_chunks(
             layers = hf_compat.cache_layers(cache)
             for row, i in enumerate(idx):
                 out[i] = _stack(layers, p, p + len(chunks[i]), b=row)
+        if on_chunk is not None:
+            for i in idx:
+                on_chunk(i, out[i])
         if on_batch is not None:
             on_batch(len(idx), sum(len(chunks[i]) for i in idx))
     return out  # type: ignore[return-value]

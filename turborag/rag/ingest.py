@@ -13,8 +13,8 @@ One pass:
 4. Optionally prune documents whose file is gone (without `prune`, count the ones under the given paths, so
    the caller can say they are still searchable); refresh the index snapshot.
 
-Why this is resumable: the engine skips chunks whose cache file already exists and stores each forward group
-as it goes, so after kill -9 a rerun recomputes at most the group that was in flight; documents committed
+Why this is resumable: the engine skips chunks whose cache file already exists and stores each forward batch
+as it ends, so after kill -9 a rerun recomputes at most the batch that was in flight; documents committed
 before the kill are unchanged files on the rerun, and documents that were not committed are simply redone
 (their caches are found on disk). The catalog never names a cache that was not written.
 
@@ -93,6 +93,8 @@ class IngestResult:
     # collection holds the same text.
     new_to_collection: int = 0
     repaired_caches: int = 0  # caches of unchanged chunks that were missing and recomputed
+    # New chunks whose cache was in the store already: left by an interrupted run, or another collection's
+    found_caches: int = 0
     unchanged_documents: int = 0
     pruned_documents: int = 0
     gone_documents: int = 0  # without prune: documents under the given paths whose file is gone, still kept
@@ -102,6 +104,7 @@ class IngestResult:
     def summary(self) -> dict:
         """The `--json` shape of `turborag ingest`."""
         keys = ("documents", "chunks", "new_chunks", "removed_chunks", "tokens", "seconds", "cache_bytes")
+        keys += ("found_caches",)
         return {k: getattr(self, k) for k in keys}
 
 
@@ -168,7 +171,7 @@ class Ingestor:
         self.catalog = catalog
         self.embedder = embedder
         self.chunker = chunker
-        self.group = group or engine.store_group  # commit as often as the engine stores
+        self.group = group or engine.precompute_group  # documents committed once per precompute group
         self.progress = progress or Progress()
         self._todo: dict[str, int] = {}  # cache key -> tokens: the caches this run computes
 
@@ -250,6 +253,7 @@ class Ingestor:
         repair = self.catalog.texts_of_keys(repairs) if repairs else {}  # key -> text of a chunk using it
         repair_ids = {k: self.engine.layout.chunk_ids(t) for k, t in repair.items()}
         todo = {k: n for p in pending for k, n in zip(p.keys, p.sizes) if k not in store}
+        res.found_caches = len(keys) - len(todo)
         todo.update((k, len(ids)) for k, ids in repair_ids.items())
         self._todo = todo
         self.progress.start(len(todo), sum(todo.values()))
