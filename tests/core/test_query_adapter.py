@@ -98,7 +98,7 @@ def test_mixed_rows_equal_each_alone(tmp_path):
     # the question prefill of a turbo request and the last prefill forward of a full one, in one forward
     n = len(engine.layout.build(QUESTION, PASSAGES).ids)
     turbo = engine.begin_steps(QUESTION, PASSAGES, "turbo", params, defer=True)
-    full = engine.begin_steps(QUESTION, PASSAGES, "full", params, chunk=n - 4, defer=True)
+    full = engine.begin_steps(QUESTION, PASSAGES, "full", params, step=n - 4, defer=True)
     first = next(full)
     last = full.send(first.run())  # the full prompt's first forward runs alone (an empty cache)
     together = feed_together([next(turbo), last], engine.windows)

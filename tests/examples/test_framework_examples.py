@@ -64,9 +64,9 @@ def served(tmp_path_factory, tiny_model_dir):
     engine, begun = backend.engine, []
     begin_steps = engine.begin_steps  # the server prefills in steps
 
-    def recording_begin_steps(question, passages, mode, params, chunk=None, defer=False):
+    def recording_begin_steps(question, passages, mode, params, *args, **kwargs):
         begun.append((mode, list(passages)))
-        return (yield from begin_steps(question, passages, mode, params, chunk, defer))
+        return (yield from begin_steps(question, passages, mode, params, *args, **kwargs))
 
     mp.setattr(engine, "begin_steps", recording_begin_steps)
     with ServedApp(create_app(backend)) as srv:

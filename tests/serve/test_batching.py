@@ -279,9 +279,9 @@ def test_over_http_a_short_request_is_not_held_behind_a_long_full_prefill(tmp_pa
     events: list[str] = []
     begin_steps = engine.begin_steps
 
-    def logged(question, passages, mode, params, chunk, defer=False):
+    def logged(question, passages, mode, params, *args, **kwargs):
         tag = "long" if mode == "full" else "short"
-        steps, sent = begin_steps(question, passages, mode, params, chunk, defer), None
+        steps, sent = begin_steps(question, passages, mode, params, *args, **kwargs), None
         while True:
             try:
                 step = steps.send(sent)

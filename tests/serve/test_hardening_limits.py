@@ -323,6 +323,31 @@ def test_upload_counts_computed_chunks_per_collection(served):
     assert upload("birds-again.txt", "left")["computed_chunks"] == 0  # chunks its collection already uses
 
 
+def _kv_files(store: Path) -> dict[str, int]:
+    return {str(f): f.stat().st_size for f in (store / "kv").rglob("*") if f.is_file()}
+
+
+def test_a_readers_own_passages_never_grow_the_store(served):
+    """Ad-hoc `turborag.contexts` from a key that may only read: computed for the request, never written
+    (computed again next time); from a key that may write the collection: stored once."""
+    passages = [
+        f"Passage {i}: the lantern maker of Oskel sold {i} green lanterns at the spring fair."
+        for i in range(4)
+    ]
+    body = chat("How many lanterns?", contexts=passages, mode="turbo")
+    before = _kv_files(served.store)
+    for _ in range(2):
+        r = call(served, "alice", "POST", "/v1/chat/completions", json=body)
+        assert r.status_code == 200, r.text
+        assert r.json()["turborag"]["computed_chunks"] == len(passages)
+        assert _kv_files(served.store) == before
+    r = call(served, "admin", "POST", "/v1/chat/completions", json=body)
+    assert r.json()["turborag"]["computed_chunks"] == len(passages)
+    assert len(_kv_files(served.store)) == len(before) + len(passages)
+    r = call(served, "admin", "POST", "/v1/chat/completions", json=body)
+    assert r.json()["turborag"]["computed_chunks"] == 0
+
+
 # -- 5. smaller items --------------------------------------------------------------------------------------
 
 

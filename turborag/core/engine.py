@@ -291,10 +291,11 @@ class Engine:
         return len(todo), sum(len(v) for v in todo.values())
 
     def _compute_and_store(
-        self, todo: dict[str, list[int]], on_batch=None, keep: bool = False
+        self, todo: dict[str, list[int]], on_batch=None, keep: bool = False, persist: bool = True
     ) -> dict[str, ChunkKV]:
-        """Compute and store caches; with `keep`, also return them (in the store's dtype, exactly as they
-        would be read back), otherwise nothing is held in memory beyond one group.
+        """Compute and store caches (without `persist`: hold them in the RAM tier only); with `keep`, also
+        return them (in the store's dtype, exactly as they would be read back), otherwise nothing is held in
+        memory beyond one group.
 
         With `keep` (a request computing what it did not find) a store that cannot be reached only costs the
         write: the answer still uses the caches. Without it (ingest) the error is the caller's to report.
@@ -310,7 +311,7 @@ class Engine:
                 nonlocal unreachable
                 k = part[i]
                 try:
-                    if not unreachable:
+                    if persist and not unreachable:
                         self.store.put(k, c)
                 except StoreUnavailable as e:
                     if not keep:
@@ -406,6 +407,7 @@ class Engine:
         params: SamplingParams | None = None,
         step: int | None = None,
         defer: bool = False,
+        persist: bool = True,
     ) -> Generator[int | Feed, torch.Tensor | None, DecodeState]:
         """`begin` one forward at a time: yields the tokens of each prefill forward (at most `step`, else
         `prefill_step`, a forward) and returns the sequence, so that a server can decode other requests, or
@@ -413,7 +415,9 @@ class Engine:
 
         With `defer`, each forward is yielded as a `Feed` instead of run, and its logits are sent back
         (`steps.send(logits)`): a server then runs the feeds of several requests in one forward
-        (core/feeds.py)."""
+        (core/feeds.py). Without `persist`, a chunk cache the store lacks is computed for this request and
+        held in RAM only (the RAM tier's budget), never written to the store: a caller who may not write
+        (a read-only key's own passages) cannot grow it."""
         mode = self.resolve_mode(mode)
         params = params or self.qa_params()
         t0 = time.perf_counter()
@@ -426,7 +430,7 @@ class Engine:
             done = yield from self._prefill_full(prompt, reserve, extra, step, defer)
         else:
             done = yield from self._prefill_turbo(
-                prompt, mode, reserve + len(prompt.suffix), extra, step, defer
+                prompt, mode, reserve + len(prompt.suffix), extra, step, defer, persist
             )
         decision = Decision()
         if self.abstain_threshold is not None:
@@ -579,10 +583,11 @@ class Engine:
         extra: list[int],
         step: int | None = None,
         defer: bool = False,
+        persist: bool = True,
     ):
         """Load and assemble the chunk caches, then prefill only the question (and `extra` tokens). Returns
         the ApeContext the sequence decodes with too (None but in the APE modes)."""
-        ctx = self.assemble(prompt, mode, reserve + len(extra))
+        ctx = self.assemble(prompt, mode, reserve + len(extra), persist)
         attention = self.ape_context(ctx.cache, prompt) if modes.get(mode).ape else None
         ids = prompt.suffix + extra
         logits = yield from self._feed_steps(
@@ -600,9 +605,9 @@ class Engine:
         free = self.training_free
         return ape.ApeContext(lo, hi, free.ape_temperature, free.ape_scale)
 
-    def assemble(self, prompt: Prompt, mode: str, reserve: int) -> Assembled:
-        """The turbo context: chunk caches loaded (missing ones computed), re-positioned and written after
-        the prefix cache, [recomputed].
+    def assemble(self, prompt: Prompt, mode: str, reserve: int, persist: bool = True) -> Assembled:
+        """The turbo context: chunk caches loaded (missing ones computed, and stored if `persist`),
+        re-positioned and written after the prefix cache, [recomputed].
 
         Sliding-window layers hold only the tail of the context they can still see, and only the layers a
         chunk contributes to are read from the store. The recompute modes refresh tokens anywhere in the
@@ -614,12 +619,12 @@ class Engine:
         """
         for _ in range(len(prompt.chunks) + 1):
             try:
-                return self._assemble_once(prompt, mode, reserve)
+                return self._assemble_once(prompt, mode, reserve, persist)
             except Damaged:
                 continue
         raise Damaged(f"the request's chunk caches kept failing their checks ({len(prompt.chunks)} chunks)")
 
-    def _assemble_once(self, prompt: Prompt, mode: str, reserve: int) -> Assembled:
+    def _assemble_once(self, prompt: Prompt, mode: str, reserve: int, persist: bool) -> Assembled:
         positions, strategy = modes.get(mode).positions, modes.get(mode).recompute
         dev, dtype = self.lm.device, self.lm.dtype
         windows = self.windows if strategy is None else [None] * len(self.windows)
@@ -631,7 +636,7 @@ class Engine:
         loaded = self.caches.read({k: sorted(layers) for k, layers in wanted.items()}, len(self.windows))
         missing = {k: ids for k, ids in zip(keys, prompt.chunks) if loaded[k] is None}
         if missing:
-            loaded.update(self._compute_and_store(missing, keep=True))
+            loaded.update(self._compute_and_store(missing, keep=True, persist=persist))
         chunks = [loaded[k] for k in keys]
         cache, next_pos = kv.assemble_into(
             self.prefix_kv, chunks, self.inv_freq, positions, dev, dtype, reserve, windows, lengths

@@ -204,6 +204,17 @@ class Ingestor:
         res.seconds = round(time.perf_counter() - t0, 3)
         return res
 
+    def take_back(self) -> int:
+        """Delete the caches this run wrote that no chunk of any collection uses: what an upload cancelled
+        midway leaves once its documents are removed (each batch is stored as it ends, before its documents
+        are committed). Returns how many."""
+        written = [k for k in self._todo if k in self.engine.store]
+        used = self.catalog.keys_in_use(written)
+        orphans = [k for k in written if k not in used]
+        for k in orphans:
+            self.engine.store.delete(k)
+        return len(orphans)
+
     def _saved(self) -> tuple[int, int]:
         """(caches on disk, caches to compute) of this run: what an interrupted run leaves for the next."""
         return sum(k in self.engine.store for k in self._todo), len(self._todo)

@@ -183,11 +183,13 @@ class ServedStore:
         size, overlap = chunking(recorded.chunk_tokens, recorded.chunk_overlap)
         chunker = Chunker(self.engine.lm.tokenizer, size, overlap)
         watch = _Cancellable(cancelled or threading.Event())
+        ingestor = Ingestor(self.engine, view, self._embedder, chunker, progress=watch)
         try:
             watch.check()
-            res = Ingestor(self.engine, view, self._embedder, chunker, progress=watch).run([folder])
+            res = ingestor.run([folder])
         except UploadCancelled:
             self.delete(doc, collection)  # the groups committed before the client left
+            ingestor.take_back()  # and the caches of the group under way
             shutil.rmtree(folder, ignore_errors=True)
             raise APIError(499, "client closed the request", code="client_disconnected") from None
         except StoreWriteError:

@@ -619,6 +619,16 @@ class Catalog:
             found.update(r[0] for r in self.db.execute(q, (self.cid, *part)))
         return found
 
+    def keys_in_use(self, keys: Iterable[str]) -> set[str]:
+        """Those of `keys` that a chunk of any collection uses."""
+        keys = list(dict.fromkeys(keys))
+        found: set[str] = set()
+        for s in range(0, len(keys), 500):  # below SQLite's limit of bound variables
+            part = keys[s : s + 500]
+            q = f"SELECT DISTINCT cache_key FROM chunks WHERE cache_key IN ({','.join('?' * len(part))})"
+            found.update(r[0] for r in self.db.execute(q, part))
+        return found
+
     def sample_chunk(self) -> tuple[str, str] | None:
         """(text, cache key) of one chunk, or None for an empty store: enough to check that an engine
         computes the keys this store was built with."""
