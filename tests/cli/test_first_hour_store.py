@@ -136,6 +136,7 @@ def test_nothing_to_ingest_into_an_existing_store_warns(corpus_store, env):
         "tokens",
         "seconds",
         "cache_bytes",
+        "found_caches",
     }
     assert "warning: nothing to ingest in" in r.stderr and "(1 file skipped)" in r.stderr
     assert _stats() == before  # the store is intact
