@@ -540,3 +540,54 @@ def test_a_key_has_at_most_max_uploads_per_key_in_progress(tmp_path, tiny_model_
             assert first.result().status_code == 201
         third = httpx.post(srv.url + "/v1/documents", json={**doc, "name": "d.txt"}, timeout=60)
         assert third.status_code == 201
+
+
+@pytest.mark.parametrize("recovery", ["restart", "cache gc"])
+def test_an_upload_cut_short_by_sigkill_is_rolled_back(tmp_path, tiny_model_dir, recovery):
+    """A server killed with SIGKILL in its upload's second group of caches (the first group's documents
+    committed, later batches' caches stored, nothing told to the client): the next start, or `cache gc`,
+    leaves no document, folder, journal marker or cache of that upload, and the store as before."""
+    env = {**os.environ, "TURBORAG_HOME": str(tmp_path / "home")}
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "a.txt").write_text("The harbour master rings a brass bell at six.\n")
+    store = tmp_path / "store"
+    args = ["ingest", str(tmp_path / "docs"), "--store", str(store), "--model", tiny_model_dir]
+    assert CliRunner().invoke(app, [*args, "--chunk-tokens", "16"], env=env).exit_code == 0
+    before = _kv_files(store)
+    text = " ".join(f"Sentence {i} of a long upload about the lighthouse keeper." for i in range(200))
+    child = (
+        "import os, signal, sys\n"
+        "import turborag.core.kv as kv\n"
+        "real, batches = kv.precompute_chunks, [0]\n"
+        "def patched(*a, on_batch=None, **k):\n"
+        "    def counted(n, tokens):\n"
+        "        batches[0] += 1\n"
+        "        if batches[0] == 10:\n"  # batches of 4: the first group (32) is committed, then 2 more
+        "            os.kill(os.getpid(), signal.SIGKILL)\n"
+        "        if on_batch:\n"
+        "            on_batch(n, tokens)\n"
+        "    return real(*a, on_batch=counted, **k)\n"
+        "kv.precompute_chunks = patched\n"
+        "from turborag.cli.serve import served_for\n"
+        f"docs = served_for({str(store)!r}, None, 'cpu', 8).documents\n"
+        f"docs.add('long.txt', {text!r}.encode(), 'default')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr
+    uploads = store / "uploads"
+    assert len(list(uploads.glob("*.ingesting"))) == 1 and len(_kv_files(store)) > len(before)
+    if recovery == "restart":
+        from turborag.cli.serve import served_for
+
+        mp = pytest.MonkeyPatch()
+        mp.setenv("TURBORAG_HOME", str(tmp_path / "home"))
+        try:
+            docs = served_for(store, None, "cpu", 8).documents
+            assert [d["name"] for d in docs.list()] == ["a.txt"]
+        finally:
+            mp.undo()
+    else:
+        r = CliRunner().invoke(app, ["cache", "gc", "--store", str(store), "--json"], env=env)
+        assert r.exit_code == 0, r.output
+    assert not any(uploads.iterdir())  # no folder, no marker
+    assert _kv_files(store) == before

@@ -236,6 +236,7 @@ def cache_gc(store: Path = StoreOpt, as_json: bool = JsonOpt) -> None:
     uploads of a server killed mid-ingest (folders under uploads/ that no document comes from, over an
     hour old)."""
     from turborag.rag.ingest import free_caches
+    from turborag.serve import upload_journal
     from turborag.store.catalog import StoreError
 
     catalog = open_catalog(store, create=False)
@@ -254,6 +255,9 @@ def cache_gc(store: Path = StoreOpt, as_json: bool = JsonOpt) -> None:
                 freed += f.stat().st_size
                 f.unlink()
                 files += 1
+            recovered = upload_journal.recover(catalog, kv)  # uploads a crash cut short, whatever their age
+            freed += recovered.bytes
+            files += recovered.files
             for folder in orphan_uploads(catalog):
                 removed = [f for f in folder.rglob("*") if f.is_file()]
                 freed += sum(f.stat().st_size for f in removed)
@@ -280,6 +284,7 @@ def orphan_uploads(catalog, now: float | None = None) -> list[Path]:
         folder
         for folder in sorted(uploads.iterdir())
         if folder.is_dir()
+        and not folder.with_name(folder.name + ".ingesting").exists()  # in the journal: an upload in flight
         and _newest_mtime(folder) < cutoff
         and not catalog.any_document_under(str(folder.resolve()))
     ]

@@ -20,6 +20,7 @@ from turborag.cli.common import (
     console,
     fail,
     parse_bytes,
+    plural,
 )
 from turborag.cli.loading import default_store, engine_for, load_engine, open_catalog
 from turborag.cli.remote import local_url, remove_server_file, write_server_file
@@ -209,6 +210,15 @@ def served_for(
     engine = load_engine(catalog, model, device, None, dtype=dtype, options=options)
     catalog.close()
     docs = ServedStore(root, engine, read_only=read_only)
+    if not read_only:
+        recovered = docs.recover_uploads()
+        if recovered.uploads:
+            log.warning(
+                "rolled back %s a crash interrupted (%s removed, %.1f MB freed)",
+                plural(recovered.uploads, "upload"),
+                plural(recovered.files, "file"),
+                recovered.bytes / 1e6,
+            )
     return Served(
         engine,
         Path(engine.lm.name).name if "/" in engine.lm.name else engine.lm.name,

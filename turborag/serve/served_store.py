@@ -25,6 +25,7 @@ from pathlib import Path
 
 from turborag.core.engine import Engine
 from turborag.rag.ingest import Progress
+from turborag.serve import upload_journal
 from turborag.serve.errors import APIError
 
 
@@ -66,6 +67,18 @@ class ServedStore:
         self._catalog = None
         self._embedder = None
         self._retrievers: dict[str, tuple[int, object]] = {}  # collection -> (generation, Retriever)
+
+    def recover_uploads(self) -> upload_journal.Recovered:
+        """Roll back the uploads a crashed server left half-ingested (upload_journal.py); run at start, on
+        the calling thread, with a catalog connection of its own."""
+        from turborag.store.catalog import Catalog
+
+        catalog = Catalog(self.root)
+        try:
+            with catalog.write_lock():
+                return upload_journal.recover(catalog, self.engine.store)
+        finally:
+            catalog.close()
 
     def _open(self):
         if self._catalog is None:
@@ -170,12 +183,20 @@ class ServedStore:
 
         `cancelled` (its client left) stops the ingest at its next batch of caches and takes back what it
         added: the upload's documents, their caches that nothing else uses, its folder (499)."""
-        from turborag.rag.chunker import Chunker, chunking
-        from turborag.rag.ingest import Ingestor, StoreWriteError
-
         view = self._view(collection)
         doc = uuid.uuid4().hex[:16]
         folder = self.uploads / doc
+        upload_journal.begin(folder, collection)  # a crash from here on is rolled back at the next start
+        try:
+            return self._add(view, doc, folder, name, data, collection, cancelled)
+        finally:
+            upload_journal.end(folder)
+
+    def _add(self, view, doc: str, folder: Path, name: str, data: bytes, collection: str, cancelled) -> dict:
+        """`add` once its journal marker is written."""
+        from turborag.rag.chunker import Chunker, chunking
+        from turborag.rag.ingest import Ingestor, StoreWriteError
+
         folder.mkdir(parents=True)
         path = folder / name
         path.write_bytes(data)
