@@ -124,6 +124,12 @@ def ingest(
     ray_workers: int = typer.Option(
         2, "--ray-workers", min=1, help="Ray actors, one model each (one GPU each)"
     ),
+    dry_run: bool = typer.Option(
+        False,
+        "--dry-run",
+        help="print the documents, chunks, tokens and cache bytes these paths hold, computing and writing "
+        "nothing (the store's model, chunking and cache format, or those given)",
+    ),
     as_json: bool = JsonOpt,
 ) -> None:
     """Add files to the store: chunk, precompute KV caches, embed. Unchanged files cost nothing; a killed run
@@ -136,6 +142,9 @@ def ingest(
     except ValueError as e:
         fail(f"--max-disk-bytes: {e}")
     fmt = parse_cache_format(cache_format)
+    if dry_run:
+        _dry_run(paths, store, model, device, template, dtype, chunk_tokens, overlap, fmt, as_json)
+        return
     from turborag.rag.chunker import Chunker, check_params, chunking
     from turborag.rag.embed import Embedder
     from turborag.rag.ingest import IngestInterrupted, Ingestor, StoreWriteError
@@ -185,6 +194,50 @@ def ingest(
     except (FileNotFoundError, StoreError) as e:
         fail(str(e))
     _report_ingest(res, paths, catalog, as_json)
+
+
+def _dry_run(paths, store, model, device, template, dtype, chunk_tokens, overlap, fmt, as_json) -> None:
+    """`ingest --dry-run`: what the paths would add, with the store's settings where it has them."""
+    from turborag.core.arch import kv_shape
+    from turborag.core.defaults import DEFAULT_MODEL
+    from turborag.core.model import ModelError, cache_format_for, load_model
+    from turborag.core.prompt import PromptLayout
+    from turborag.rag.chunker import Chunker, check_params, chunking
+    from turborag.rag.ingest import plan
+    from turborag.store import codec
+    from turborag.store.catalog import is_store
+    from turborag.store.settings import StoreSettings
+
+    root = (store or default_store()).expanduser()
+    recorded = StoreSettings()
+    if is_store(root):
+        catalog = open_catalog(root, create=False, read_only=True)
+        recorded = catalog.settings()
+        catalog.close()
+    size, ovl = chunking(recorded.chunk_tokens, recorded.chunk_overlap, chunk_tokens, overlap)
+    try:
+        check_params(size, ovl)
+        lm = load_model(model or recorded.model or DEFAULT_MODEL, device, dtype or recorded.dtype or "auto")
+    except (ValueError, ModelError) as e:
+        fail(str(e))
+    fmt = fmt or recorded.cache_format or cache_format_for(lm.dtype)
+    layers, kv_heads, head_dim = kv_shape(lm.model)
+    layout = PromptLayout(lm.tokenizer, template or recorded.template or "auto")
+    found = plan(
+        paths,
+        Chunker(lm.tokenizer, size, ovl),
+        layout.chunk_ids,
+        lambda tokens: codec.tensor_bytes(fmt, layers, kv_heads, tokens, head_dim),
+    )
+    _print_skipped(found.skipped)
+    if as_json:
+        typer.echo(json.dumps({**found.summary(), "cache_format": fmt}))
+        return
+    typer.echo(
+        f"{plural(found.documents, 'document')}, {plural(found.chunks, 'chunk')} of {size} tokens: "
+        f"{plural(found.tokens, 'token')} to compute once, {found.cache_bytes / 1e6:.1f} MB of {fmt} caches "
+        f"(nothing computed or written; a rerun skips what the store already holds)"
+    )
 
 
 def _interrupted(saved: int, total: int) -> None:

@@ -400,6 +400,45 @@ def free_caches(catalog: Catalog, kv) -> int:
     return freed
 
 
+@dataclass
+class IngestPlan:
+    """What an ingest of some paths would put in a store, found without computing or writing anything."""
+
+    documents: int = 0
+    chunks: int = 0
+    tokens: int = 0  # of the distinct chunks, as the prompt holds them (what their caches cover)
+    cache_bytes: int = 0  # the distinct chunks' cache tensors in the store's format (headers not counted)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
+
+    def summary(self) -> dict:
+        return {k: getattr(self, k) for k in ("documents", "chunks", "tokens", "cache_bytes")}
+
+
+def plan(
+    paths: Sequence[str | Path],
+    chunker: Chunker,
+    chunk_ids: Callable[[str], list[int]],
+    bytes_of: Callable[[int], int],
+) -> IngestPlan:
+    """`ingest --dry-run`: read, parse and chunk `paths` as ingest would, and count what their caches hold.
+    `chunk_ids(text)` gives a chunk's tokens as the prompt holds it, `bytes_of(tokens)` its cache's bytes; a
+    chunk text met twice is one cache."""
+    report = loaders.LoadReport()
+    out = IngestPlan()
+    seen: set[tuple[int, ...]] = set()
+    for doc in loaders.load(paths, report):
+        out.documents += 1
+        for chunk in chunker.chunk(doc.doc_id, doc.text):
+            out.chunks += 1
+            ids = tuple(chunk_ids(chunk.text))
+            if ids not in seen:
+                seen.add(ids)
+                out.tokens += len(ids)
+                out.cache_bytes += bytes_of(len(ids))
+    out.skipped = report.skipped
+    return out
+
+
 def remove(catalog: Catalog, kv, paths: Sequence[str | Path]) -> tuple[int, int]:
     """`turborag remove PATH...`: drop the documents from these files or folders (whether or not they still
     exist on disk) and their caches. Returns (documents, chunks) removed."""
