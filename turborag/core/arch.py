@@ -152,7 +152,7 @@ def kv_shape(model: torch.nn.Module) -> tuple[int, int, int]:
     return cfg.num_hidden_layers, kv_heads, head_dim
 
 
-def bytes_per_token(model: torch.nn.Module, store_dtype: torch.dtype = torch.float16) -> int:
-    """2 (K and V) x layers x kv_heads x head_dim x bytes per element."""
+def bytes_per_token(model: torch.nn.Module, dtype: torch.dtype = torch.float16) -> int:
+    """2 (K and V) x layers x kv_heads x head_dim x bytes per element of `dtype`."""
     layers, kv_heads, head_dim = kv_shape(model)
-    return 2 * layers * kv_heads * head_dim * torch.empty((), dtype=store_dtype).element_size()
+    return 2 * layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
