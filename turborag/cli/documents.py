@@ -148,15 +148,9 @@ def ingest(
     from turborag.rag.chunker import Chunker, check_params, chunking
     from turborag.rag.embed import Embedder
     from turborag.rag.ingest import IngestInterrupted, Ingestor, StoreWriteError
-    from turborag.rag.loaders import LoadReport, find_files
-    from turborag.store.catalog import StoreError, is_store
+    from turborag.store.catalog import StoreError
 
-    if not is_store((store or default_store()).expanduser()):
-        # A new store and no file it could read: say so before creating anything or loading the model.
-        report = LoadReport()
-        if not find_files(paths, report):
-            _print_skipped(report.skipped)
-            fail(f"{_nothing_to_ingest(paths, len(report.skipped))}; no store was created", code=1)
+    _refuse_a_new_store_with_nothing_to_read(paths, store)
     catalog = open_catalog(store, create=True, collection=collection)
     try:
         recorded = catalog.settings()
@@ -194,6 +188,19 @@ def ingest(
     except (FileNotFoundError, StoreError) as e:
         fail(str(e))
     _report_ingest(res, paths, catalog, as_json)
+
+
+def _refuse_a_new_store_with_nothing_to_read(paths: list[Path], store: Path | None) -> None:
+    """A new store and no file it could read: say so before creating anything or loading the model."""
+    from turborag.rag.loaders import LoadReport, find_files
+    from turborag.store.catalog import is_store
+
+    if is_store((store or default_store()).expanduser()):
+        return
+    report = LoadReport()
+    if not find_files(paths, report):
+        _print_skipped(report.skipped)
+        fail(f"{_nothing_to_ingest(paths, len(report.skipped))}; no store was created", code=1)
 
 
 def _dry_run(paths, store, model, device, template, dtype, chunk_tokens, overlap, fmt, as_json) -> None:
