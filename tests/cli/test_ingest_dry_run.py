@@ -21,7 +21,8 @@ def test_dry_run_counts_what_the_ingest_then_stores(tmp_path, tiny_model_dir, mo
     assert r.exit_code == 0, r.output
     planned = json.loads(r.stdout.strip().splitlines()[-1])
     assert not store.exists()  # nothing written
-    assert planned["documents"] == 10 and planned["chunks"] > 10 and planned["cache_format"] == "float16"
+    assert planned["documents"] == 10 and planned["chunks"] > 10
+    assert planned["cache_format"] in ("float16", "bfloat16")  # the compute dtype's, which the CPU decides
 
     r = runner.invoke(app, [*args, "--json"])
     assert r.exit_code == 0, r.output
@@ -46,5 +47,6 @@ def test_dry_run_text_names_the_counts(tmp_path, tiny_model_dir, monkeypatch):
     docs = write_corpus(tmp_path / "docs")
     r = runner.invoke(app, ["ingest", str(docs), "--model", tiny_model_dir, "--dry-run"])
     assert r.exit_code == 0, r.output
-    assert "10 documents" in r.stdout and "MB of float16 caches" in r.stdout
+    assert "10 documents" in r.stdout
+    assert "MB of float16 caches" in r.stdout or "MB of bfloat16 caches" in r.stdout
     assert not (tmp_path / "home" / "store").exists()
