@@ -163,15 +163,16 @@ def build_records(
     articles: Sequence[Article],
     n: int,
     k: int = K,
-    same_article: bool = True,
+    near: int = 1,
     seed: int = 0,
     version: str = "1.1",
 ) -> list[dict]:
     """`n` records from `articles`, each one question with k passages, distractors from these articles only.
 
     Questions are drawn uniformly (seeded) without repetition; a question for which too few distractors
-    avoid its answers is skipped.  With `same_article`, one of the k-1 distractors is another paragraph of
-    the question's own article when one mentions no answer.  Raises ValueError if fewer than `n` fit.
+    avoid its answers is skipped.  Up to `near` of the k-1 distractors are other paragraphs of the question's
+    own article that mention no answer: the hard case, passages on one subject whose names, dates and figures
+    differ, as a news search returns several reports of one event.  Raises ValueError if fewer than `n` fit.
     """
     if k < 2:
         raise ValueError("k must be at least 2: the answering paragraph and a distractor")
@@ -184,14 +185,13 @@ def build_records(
         article = articles[ai]
         gold = article.paragraphs[q.paragraph]
         answer_needles = needles(q.answers)
-        near: list[str] = []
-        if same_article:
-            siblings = [p for i, p in enumerate(article.paragraphs) if i != q.paragraph]
-            near = [p for p in rng.sample(siblings, len(siblings)) if not mentions(p, answer_needles)][:1]
-        far = _distractors(rng, pool, k - 1 - len(near), ai, answer_needles)
+        siblings = [p for i, p in enumerate(article.paragraphs) if i != q.paragraph]
+        near_ones = [p for p in rng.sample(siblings, len(siblings)) if not mentions(p, answer_needles)]
+        near_ones = near_ones[: min(near, k - 1)]
+        far = _distractors(rng, pool, k - 1 - len(near_ones), ai, answer_needles)
         if far is None:
             continue
-        contexts = [gold, *near, *far]
+        contexts = [gold, *near_ones, *far]
         rng.shuffle(contexts)
         records.append(
             {
@@ -214,15 +214,15 @@ def build_splits(
     n_eval: int,
     k: int = K,
     seed: int = 0,
-    same_article: bool = True,
+    near: int = 1,
     max_words: int = MAX_WORDS,
     eval_fraction: float = EVAL_FRACTION,
 ) -> tuple[list[dict], list[dict]]:
     """(train, eval) records from a raw SQuAD file, split by article; deterministic for a seed."""
     version, articles = load_squad(path, max_words)
     train_articles, eval_articles = split_articles(articles, eval_fraction, seed)
-    train = build_records(train_articles, n_train, k, same_article, seed, version)
-    held_out = build_records(eval_articles, n_eval, k, same_article, seed + 1, version)
+    train = build_records(train_articles, n_train, k, near, seed, version)
+    held_out = build_records(eval_articles, n_eval, k, near, seed + 1, version)
     return train, held_out
 
 
@@ -244,12 +244,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("-k", type=int, default=K, help="passages per record")
     p.add_argument("--max-words", type=int, default=MAX_WORDS, help="cap of a paragraph, cut at a sentence")
     p.add_argument("--eval-fraction", type=float, default=EVAL_FRACTION, help="share of articles held out")
-    p.add_argument("--no-same-article", dest="same_article", action="store_false", help="no near distractor")
+    p.add_argument("--near", type=int, default=1, help="most distractors from its own article")
+    p.add_argument("--prefix", default="distill", help="writes PREFIX_train.jsonl, PREFIX_eval.jsonl")
     a = p.parse_args(argv)
-    train, held_out = build_splits(
-        a.raw, a.train, a.eval, a.k, a.seed, a.same_article, a.max_words, a.eval_fraction
-    )
-    for name, records in (("distill_train.jsonl", train), ("distill_eval.jsonl", held_out)):
+    train, held_out = build_splits(a.raw, a.train, a.eval, a.k, a.seed, a.near, a.max_words, a.eval_fraction)
+    for name, records in ((f"{a.prefix}_train.jsonl", train), (f"{a.prefix}_eval.jsonl", held_out)):
         out = a.out_dir / name
         write_jsonl(records, out)
         titles = {r["source"] for r in records}

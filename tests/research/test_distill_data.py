@@ -109,6 +109,17 @@ def test_records_splits_and_determinism(raw):
     assert build_splits(raw, 12, 4, k=4, seed=6, max_words=20, eval_fraction=0.25) != (train, held_out)
 
 
+def test_near_distractors_come_from_the_question_s_own_article(raw):
+    train, _ = build_splits(raw, 12, 4, k=4, seed=5, near=3, max_words=20, eval_fraction=0.25)
+    for record in train:
+        others = [c for i, c in enumerate(record["contexts"]) if i != record["answer_index"]]
+        assert all(c.startswith(f"The {_title(record).lower()} ") for c in others)
+    none_near, _ = build_splits(raw, 12, 4, k=4, seed=5, near=0, max_words=20, eval_fraction=0.25)
+    for record in none_near:
+        others = [c for i, c in enumerate(record["contexts"]) if i != record["answer_index"]]
+        assert not any(c.startswith(f"The {_title(record).lower()} ") for c in others)
+
+
 def test_too_few_questions_is_an_error(raw):
     with pytest.raises(ValueError, match="records fit"):
         build_splits(raw, 1000, 4, max_words=20, eval_fraction=0.25)
@@ -116,8 +127,10 @@ def test_too_few_questions_is_an_error(raw):
 
 def test_cli_writes_files_turborag_eval_reads(raw, tmp_path, capsys):
     out = tmp_path / "out"
-    main([str(raw), "--out-dir", str(out), "--train", "6", "--eval", "3", "--seed", "0", "--no-same-article"])
+    main([str(raw), "--out-dir", str(out), "--train", "6", "--eval", "3", "--seed", "0", "--near", "0"])
     assert "6 records" in capsys.readouterr().out
+    main([str(raw), "--out-dir", str(out), "--train", "6", "--eval", "3", "--prefix", "topic"])
+    assert (out / "topic_train.jsonl").exists() and (out / "topic_eval.jsonl").exists()
     for name, n in (("distill_train.jsonl", 6), ("distill_eval.jsonl", 3)):
         examples, problems = load_examples(out / name)
         assert len(examples) == n and not problems

@@ -35,7 +35,9 @@ from turborag.cli.serve import served_for
 from turborag.serve import create_app
 from turborag.serve.access import Access
 from turborag.serve.state import DEFAULT_MAX_PROMPT_TOKENS, DEFAULT_MAX_QUESTION_TOKENS
+from turborag.store.disk_tier import BoundedFileBackend, cap_note
 from turborag.store.errors import StoreUnavailable
+from turborag.store.write_quota import WriteQuota
 
 ADMIN = "sk-admin"
 RED = "# Red\n\nThe red tower stands on the red hill, and its bell rings at noon.\n"
@@ -323,8 +325,10 @@ def test_upload_counts_computed_chunks_per_collection(served):
     assert upload("birds-again.txt", "left")["computed_chunks"] == 0  # chunks its collection already uses
 
 
-def _kv_files(store: Path) -> dict[str, int]:
-    return {str(f): f.stat().st_size for f in (store / "kv").rglob("*") if f.is_file()}
+def _cache_files(store: Path) -> dict[str, int]:
+    """The chunk cache files (not the disk tier's usage index and lock)."""
+    files = (f for f in (store / "kv").rglob("*") if f.is_file())
+    return {str(f): f.stat().st_size for f in files if ".sqlite" not in f.name and f.suffix != ".lock"}
 
 
 def test_a_readers_own_passages_never_grow_the_store(served):
@@ -335,17 +339,62 @@ def test_a_readers_own_passages_never_grow_the_store(served):
         for i in range(4)
     ]
     body = chat("How many lanterns?", contexts=passages, mode="turbo")
-    before = _kv_files(served.store)
+    before = _cache_files(served.store)
     for _ in range(2):
         r = call(served, "alice", "POST", "/v1/chat/completions", json=body)
         assert r.status_code == 200, r.text
         assert r.json()["turborag"]["computed_chunks"] == len(passages)
-        assert _kv_files(served.store) == before
+        assert _cache_files(served.store) == before
     r = call(served, "admin", "POST", "/v1/chat/completions", json=body)
     assert r.json()["turborag"]["computed_chunks"] == len(passages)
-    assert len(_kv_files(served.store)) == len(before) + len(passages)
+    assert len(_cache_files(served.store)) == len(before) + len(passages)
     r = call(served, "admin", "POST", "/v1/chat/completions", json=body)
     assert r.json()["turborag"]["computed_chunks"] == 0
+
+
+def test_a_writers_own_passages_are_bounded_by_its_quota(served, tmp_path, monkeypatch):
+    """A key that may write stores its own passages' caches until its quota is spent, which survives a
+    restart; beyond it, 429 naming the quota, before any model work and with nothing written."""
+    state = served.state
+
+    def ask(passages: list[str]) -> httpx.Response:
+        body = chat("Which colour?", contexts=passages, mode="turbo")
+        return call(served, "admin", "POST", "/v1/chat/completions", json=body)
+
+    first = [f"Quota passage {i}: the kite of Vell is painted {c}." for i, c in enumerate(["blue", "gold"])]
+    monkeypatch.setattr(state, "write_quota", WriteQuota(tmp_path, 1 << 40))
+    before = _cache_files(served.store)
+    assert ask(first).status_code == 200
+    spent, added = state.write_quota.used("admin"), _cache_files(served.store).keys() - before.keys()
+    # the tensors' bytes were charged; each file adds a header of a few hundred bytes
+    added_bytes = sum(_cache_files(served.store)[f] for f in added)
+    assert added and spent < added_bytes < spent + 2048 * len(added)
+
+    # the same ledger reopened (a restart) with a quota of one byte more: the count carries over
+    monkeypatch.setattr(state, "write_quota", WriteQuota(tmp_path, spent + 1))
+    before = _cache_files(served.store)
+    r = ask([f"Quota passage {i}: the drum of Vell is painted red." for i in range(2)])
+    err = error(r, 429, "quota_exceeded")
+    assert "--max-cache-bytes-per-key" in err["message"] and "'admin'" in err["message"]
+    assert _cache_files(served.store) == before and state.write_quota.used("admin") == spent
+    r = ask(first)  # what the store holds costs nothing
+    assert r.status_code == 200 and r.json()["turborag"]["computed_chunks"] == 0
+
+
+def test_a_served_store_gets_a_disk_cap_unless_one_was_recorded(served, tmp_path, tiny_model_dir):
+    """No cap recorded: the server caps the caches at what they hold plus half the free disk. A cap of 0
+    recorded by `ingest --max-disk-bytes 0` is the operator's choice of none, and is kept."""
+    backend = served.backend.engine.store.backend
+    assert isinstance(backend, BoundedFileBackend) and backend.max_bytes > backend.used_bytes()
+    assert "capped at" in cap_note(backend)
+
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "red.md").write_text(RED)
+    store = tmp_path / "uncapped"
+    args = ["ingest", str(tmp_path / "docs"), "--store", str(store), "--model", tiny_model_dir]
+    assert CliRunner().invoke(app, [*args, "--max-disk-bytes", "0"]).exit_code == 0
+    uncapped = served_for(store, None, "cpu", 2).engine.store.backend
+    assert not isinstance(uncapped, BoundedFileBackend) and "without a cap" in cap_note(uncapped)
 
 
 # -- 5. smaller items --------------------------------------------------------------------------------------
@@ -553,7 +602,7 @@ def test_an_upload_cut_short_by_sigkill_is_rolled_back(tmp_path, tiny_model_dir,
     store = tmp_path / "store"
     args = ["ingest", str(tmp_path / "docs"), "--store", str(store), "--model", tiny_model_dir]
     assert CliRunner().invoke(app, [*args, "--chunk-tokens", "16"], env=env).exit_code == 0
-    before = _kv_files(store)
+    before = _cache_files(store)
     text = " ".join(f"Sentence {i} of a long upload about the lighthouse keeper." for i in range(200))
     child = (
         "import os, signal, sys\n"
@@ -575,7 +624,7 @@ def test_an_upload_cut_short_by_sigkill_is_rolled_back(tmp_path, tiny_model_dir,
     proc = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == -9, proc.stderr
     uploads = store / "uploads"
-    assert len(list(uploads.glob("*.ingesting"))) == 1 and len(_kv_files(store)) > len(before)
+    assert len(list(uploads.glob("*.ingesting"))) == 1 and len(_cache_files(store)) > len(before)
     if recovery == "restart":
         from turborag.cli.serve import served_for
 
@@ -590,4 +639,4 @@ def test_an_upload_cut_short_by_sigkill_is_rolled_back(tmp_path, tiny_model_dir,
         r = CliRunner().invoke(app, ["cache", "gc", "--store", str(store), "--json"], env=env)
         assert r.exit_code == 0, r.output
     assert not any(uploads.iterdir())  # no folder, no marker
-    assert _kv_files(store) == before
+    assert _cache_files(store) == before

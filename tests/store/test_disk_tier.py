@@ -8,7 +8,7 @@ import sqlite3
 
 import pytest
 
-from turborag.store.disk_tier import BoundedFileBackend
+from turborag.store.disk_tier import BoundedFileBackend, cap_note, default_cap
 
 
 def _key(i: int) -> str:
@@ -114,3 +114,24 @@ def test_a_busy_index_is_waited_for_not_taken_for_damaged(tmp_path, monkeypatch)
         BoundedFileBackend(tmp_path, max_bytes=3000)
     assert (tmp_path / "kv" / "usage.sqlite").exists()
     assert dict(disk.db.execute("SELECT key, last_used FROM usage").fetchall()) == used
+
+
+def test_the_default_cap_is_the_caches_held_plus_half_the_free_space(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    (tmp_path / "kv" / "ab").mkdir(parents=True)
+    (tmp_path / "kv" / "ab" / "one").write_bytes(b"x" * 300)
+    (tmp_path / "kv" / "two").write_bytes(b"y" * 200)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda _path: usage(10_000, 4_000, 6_000))
+    assert default_cap(tmp_path) == 500 + 3_000
+    assert default_cap(tmp_path / "missing-is-empty") == 3_000
+
+
+def test_the_cap_note_names_the_cap_or_its_absence(tmp_path):
+    from turborag.store.backends import FileBackend
+
+    bounded = BoundedFileBackend(tmp_path / "a", 2_500_000_000)
+    assert "capped at 2.5 GB" in cap_note(bounded)
+    assert "without a cap" in cap_note(FileBackend(tmp_path / "b"))

@@ -91,6 +91,13 @@ def serve(
     max_uploads_per_key: int = typer.Option(
         2, min=1, help="document uploads one key may have in progress at once (more: 429, Retry-After)"
     ),
+    max_cache_bytes_per_key: str = typer.Option(
+        "1G",
+        "--max-cache-bytes-per-key",
+        help="chunk caches a key that may write a collection may add to the store with its own passages "
+        "(turborag.contexts), counted across restarts (beyond: 429; e.g. 500M; 0: no quota); a key that may "
+        "not write gets them computed in RAM, never stored",
+    ),
     read_only: bool = typer.Option(
         False,
         "--read-only",
@@ -106,6 +113,10 @@ def serve(
         ram = parse_bytes(ram_cache_bytes)
     except ValueError as e:
         fail(f"--ram-cache-bytes: {e}")
+    try:
+        quota = parse_bytes(max_cache_bytes_per_key) or None
+    except ValueError as e:
+        fail(f"--max-cache-bytes-per-key: {e}")
     if keys is not None and not keys.expanduser().is_file():
         fail(f"--keys {keys}: no such file (make one with `turborag keys add NAME --keys {keys}`)")
     if read_only and store is None and not (default_store() / "catalog.sqlite").exists():
@@ -143,8 +154,9 @@ def serve(
         max_question_tokens=max_question_tokens,
         max_prompt_tokens=max_prompt_tokens,
         max_uploads_per_key=max_uploads_per_key,
+        max_cache_bytes_per_key=quota,
     )
-    _print_start(served, host, port)
+    _print_start(served, host, port, quota)
     if served.documents is None:
         run_app(app, host, port)
         return
@@ -170,10 +182,16 @@ def open_metrics_warning(keyed: bool, metrics_key: str | None) -> str | None:
     return None
 
 
-def _print_start(served, host: str, port: int) -> None:
-    """Where the server listens, what it serves, and how it answers by default."""
+def _print_start(served, host: str, port: int, quota: int | None) -> None:
+    """Where the server listens, what it serves, what it may write, and how it answers by default."""
     where = f"store {served.documents.root}" if served.documents else "no store (no retrieval)"
     console.print(f"serving {served.model_name} on http://{host}:{port}/v1 with {where}")
+    if served.documents is not None and not served.documents.read_only:
+        from turborag.store.disk_tier import cap_note
+
+        console.print(f"note: {cap_note(served.engine.store.backend)}")
+        per_key = f"at most {quota / 1e9:.2f} GB each" if quota else "no quota (--max-cache-bytes-per-key)"
+        console.print(f"note: caches of requests' own passages are stored for keys that may write, {per_key}")
     if (threshold := served.engine.abstain_threshold) is not None:
         console.print(f'note: answers "The passages do not say." when the model gives it p >= {threshold}')
     if served.engine.name_check:
@@ -199,6 +217,7 @@ def served_for(
     options = options or EngineOptions()
     from turborag.serve import Served
     from turborag.serve.served_store import ServedStore
+    from turborag.store.disk_tier import default_cap
 
     root = store or default_store()
     if not use_store or (store is None and not (root / "catalog.sqlite").exists()):
@@ -206,8 +225,13 @@ def served_for(
         engine = engine_for(model or DEFAULT_MODEL, device, None, "auto", dtype or "auto", options=bare)
         return Served(engine, engine.lm.name, default_max_tokens=max_tokens)
     catalog = open_catalog(root, create=False, read_only=read_only)
+    recorded = catalog.settings()
+    # a store that recorded no cap gets one while served: requests may add caches (uploads, own passages)
+    cap = None
+    if not read_only and recorded.max_disk_bytes is None and recorded.kv_url is None:
+        cap = default_cap(root)
     # refuses another model or dtype
-    engine = load_engine(catalog, model, device, None, dtype=dtype, options=options)
+    engine = load_engine(catalog, model, device, None, dtype=dtype, options=options, max_disk_bytes=cap)
     catalog.close()
     docs = ServedStore(root, engine, read_only=read_only)
     if not read_only:

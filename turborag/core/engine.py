@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from turborag.core import ape, decode_weights, grounding, hf_compat, kv, modes, query_adapter, recompute
-from turborag.core.arch import end_of_turn_ids, layer_inv_freq, layer_windows
+from turborag.core.arch import end_of_turn_ids, kv_shape, layer_inv_freq, layer_windows
 from turborag.core.defaults import (
     CALIBRATION_FEW_RIGHT,
     CALIBRATION_SLOWER,
@@ -46,10 +46,11 @@ from turborag.core.options import TRAINING_FREE_DEFAULTS, EngineOptions, Trainin
 from turborag.core.prefix_cache import PrefixCache
 from turborag.core.prompt import Prompt, PromptLayout, abstain_ids
 from turborag.store.chunk_kv import ChunkKV
-from turborag.store.codec import Damaged
+from turborag.store.codec import Damaged, tensor_bytes
 from turborag.store.errors import StoreUnavailable
 from turborag.store.kv_store import KVStore, cache_key
 from turborag.store.tiered import TieredStore
+from turborag.store.write_quota import WriteBudget
 
 log = logging.getLogger(__name__)
 
@@ -407,7 +408,7 @@ class Engine:
         params: SamplingParams | None = None,
         step: int | None = None,
         defer: bool = False,
-        persist: bool = True,
+        persist: bool | WriteBudget = True,
     ) -> Generator[int | Feed, torch.Tensor | None, DecodeState]:
         """`begin` one forward at a time: yields the tokens of each prefill forward (at most `step`, else
         `prefill_step`, a forward) and returns the sequence, so that a server can decode other requests, or
@@ -583,7 +584,7 @@ class Engine:
         extra: list[int],
         step: int | None = None,
         defer: bool = False,
-        persist: bool = True,
+        persist: bool | WriteBudget = True,
     ):
         """Load and assemble the chunk caches, then prefill only the question (and `extra` tokens). Returns
         the ApeContext the sequence decodes with too (None but in the APE modes)."""
@@ -605,8 +606,11 @@ class Engine:
         free = self.training_free
         return ape.ApeContext(lo, hi, free.ape_temperature, free.ape_scale)
 
-    def assemble(self, prompt: Prompt, mode: str, reserve: int, persist: bool = True) -> Assembled:
-        """The turbo context: chunk caches loaded (missing ones computed, and stored if `persist`),
+    def assemble(
+        self, prompt: Prompt, mode: str, reserve: int, persist: bool | WriteBudget = True
+    ) -> Assembled:
+        """The turbo context: chunk caches loaded (missing ones computed, and stored if `persist`; a
+        WriteBudget is charged their bytes first, and may refuse with QuotaExceeded),
         re-positioned and written after the prefix cache, [recomputed].
 
         Sliding-window layers hold only the tail of the context they can still see, and only the layers a
@@ -624,7 +628,9 @@ class Engine:
                 continue
         raise Damaged(f"the request's chunk caches kept failing their checks ({len(prompt.chunks)} chunks)")
 
-    def _assemble_once(self, prompt: Prompt, mode: str, reserve: int, persist: bool) -> Assembled:
+    def _assemble_once(
+        self, prompt: Prompt, mode: str, reserve: int, persist: bool | WriteBudget
+    ) -> Assembled:
         positions, strategy = modes.get(mode).positions, modes.get(mode).recompute
         dev, dtype = self.lm.device, self.lm.dtype
         windows = self.windows if strategy is None else [None] * len(self.windows)
@@ -636,7 +642,9 @@ class Engine:
         loaded = self.caches.read({k: sorted(layers) for k, layers in wanted.items()}, len(self.windows))
         missing = {k: ids for k, ids in zip(keys, prompt.chunks) if loaded[k] is None}
         if missing:
-            loaded.update(self._compute_and_store(missing, keep=True, persist=persist))
+            if isinstance(persist, WriteBudget):  # before any model work: a refusal costs nothing
+                persist.charge(sum(self.cache_bytes(len(ids)) for ids in missing.values()))
+            loaded.update(self._compute_and_store(missing, keep=True, persist=persist is not False))
         chunks = [loaded[k] for k in keys]
         cache, next_pos = kv.assemble_into(
             self.prefix_kv, chunks, self.inv_freq, positions, dev, dtype, reserve, windows, lengths
@@ -646,6 +654,11 @@ class Engine:
             recomputed = self._recompute(cache, prompt, positions, strategy)
         cached = len(prompt.prefix) + prompt.context_tokens - recomputed
         return Assembled(cache, next_pos, cached, len(missing))
+
+    def cache_bytes(self, tokens: int) -> int:
+        """Bytes of a chunk's K/V tensors of `tokens` tokens in the store's format (file header aside)."""
+        layers, kv_heads, head_dim = kv_shape(self.lm.model)
+        return tensor_bytes(self.store.cache_format, layers, kv_heads, tokens, head_dim)
 
     def prefill_question(self, cache, prompt: Prompt, next_pos: int, scored: bool = False) -> torch.Tensor:
         """Run the question on top of an assembled context; returns the last position's logits (vocab,).

@@ -199,13 +199,16 @@ def _kv_backend(
     """Where this store's chunk caches live: the catalog records a `--store-url` given when the store was
     first ingested into (a store without one keeps them in its own folder, `kv/`). A different URL for a
     store bound to one is refused. The disk cap is recorded too, so every process that opens the store
-    keeps to the same cap."""
+    keeps to the same cap. Opening a store that recorded no cap, `max_disk_bytes` is this process's own."""
     from turborag.store.urls import open_backend
 
     if bind and max_disk_bytes is not None:
         catalog.record(max_disk_bytes=max_disk_bytes)
     settings = catalog.settings()
-    cap, recorded = settings.max_disk_bytes or None, settings.kv_url
+    cap, recorded = settings.max_disk_bytes, settings.kv_url
+    if cap is None and not bind:
+        cap = max_disk_bytes  # this process's own cap, not recorded (a server's default)
+    cap = cap or None
     if kv_url and recorded != kv_url and (recorded or settings.bound):
         where = recorded or f"its own folder ({catalog.root / 'kv'})"
         raise StoreError(

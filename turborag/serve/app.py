@@ -71,6 +71,7 @@ def create_app(
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
     max_uploads_per_key: int = DEFAULT_MAX_UPLOADS_PER_KEY,
     prefill_step: int = DEFAULT_PREFILL_STEP,
+    max_cache_bytes_per_key: int | None = None,
 ) -> FastAPI:
     """An app serving `served`; it starts its own model worker thread, which decodes up to `max_batch`
     requests together and prefills at most about `prefill_budget` tokens between two decode steps.
@@ -80,7 +81,8 @@ def create_app(
     tested on its own. Cross-origin checks and security headers apply either way. A question may have at
     most `max_question_tokens` tokens, a prompt `max_prompt_tokens` (400 beyond, before any model work);
     a key may have `max_uploads_per_key` uploads in progress (429 beyond); prompts are prefilled in forwards
-    of at most `prefill_step` tokens, between decode steps."""
+    of at most `prefill_step` tokens, between decode steps. A key that may write a collection may add at
+    most `max_cache_bytes_per_key` bytes of chunk caches with its own passages (429 beyond; None: none)."""
     app = FastAPI(title="turborag", docs_url=None, redoc_url=None)
     state = ServerState(
         served,
@@ -95,6 +97,7 @@ def create_app(
         max_prompt_tokens,
         max_uploads_per_key,
         prefill_step,
+        max_cache_bytes_per_key,
     )
     app.state.server = state
     # the same objects under their own names, for tests and benchmarks that watch (or patch) the worker

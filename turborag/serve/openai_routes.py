@@ -131,9 +131,7 @@ async def answer_from_passages(
     if opts.contexts is not None and not contexts:
         raise APIError(400, "turborag.contexts must hold non-empty passages", param="turborag.contexts")
     chunk_refs: list[dict] = []
-    # The request's own passages are stored only for a key that may write its collection: a read-only key's
-    # are computed for it and held in RAM, so that no reader can grow the store.
-    persist = state.principal(request).can_write(opts.collection)
+    persist = state.keep_passages(request, opts.collection)
 
     # a generator: the worker runs it one prefill forward at a time (Engine.begin_steps), the question's
     # forward together with those of other requests (defer: the worker runs the forwards)

@@ -28,6 +28,7 @@ from turborag.serve.metrics import Metrics
 from turborag.serve.worker import Generation, Job, ModelWorker, QueueFull, ShuttingDown, step_alone
 from turborag.store.catalog import StoreError
 from turborag.store.errors import StoreUnavailable
+from turborag.store.write_quota import QuotaExceeded, WriteBudget, WriteQuota
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +152,7 @@ class ServerState:
         max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
         max_uploads_per_key: int = DEFAULT_MAX_UPLOADS_PER_KEY,
         prefill_step: int = DEFAULT_PREFILL_STEP,
+        max_cache_bytes_per_key: int | None = None,
     ):
         if max_question_tokens < 1 or max_prompt_tokens < 1 or max_uploads_per_key < 1:
             raise ValueError("max_question_tokens, max_prompt_tokens and max_uploads_per_key must be >= 1")
@@ -183,6 +185,9 @@ class ServerState:
         self.max_question_tokens = max_question_tokens
         self.max_prompt_tokens = max_prompt_tokens
         root = getattr(served.documents, "root", None)
+        # the bytes of chunk caches each key's own passages may add to the store (None: no quota)
+        quota = max_cache_bytes_per_key
+        self.write_quota = WriteQuota(root, quota) if quota and root else None
         # the store's location as a server path, in every spelling a message could carry it
         self._paths = sorted({str(root), str(Path(root).resolve())}, key=len, reverse=True) if root else []
 
@@ -254,6 +259,15 @@ class ServerState:
         _scheme, _, key = request.headers.get("authorization", "").partition(" ")
         return key_hash(key.strip())
 
+    def keep_passages(self, request: Request, collection: str) -> bool | WriteBudget:
+        """How the chunk caches of a request's own passages are kept (Engine.begin_steps' `persist`): in RAM
+        only for a key that may not write `collection`, so that no reader grows the store; stored for a key
+        that may, charged to its quota when the server has one (429 beyond it)."""
+        p = self.principal(request)
+        if not p.can_write(collection) or getattr(self.served.documents, "read_only", False):
+            return False
+        return self.write_quota.budget(p.name) if self.write_quota else True
+
     def may_write(self, request: Request, collection: str) -> None:
         """403 unless the request's key may write `collection` (upload, delete, create, drop) and this server
         is not a read-only replica."""
@@ -305,6 +319,8 @@ class ServerState:
             first = await unless_gone(request, items.__anext__(), job)
         except PromptTooLong as e:
             raise APIError(400, str(e), code="context_length_exceeded") from None
+        except QuotaExceeded as e:
+            raise APIError(429, str(e), "rate_limit_error", "quota_exceeded") from None
         except ShuttingDown as e:
             raise shutting_down(e) from None
         except StoreUnavailable as e:  # e.g. an upload while the shared store is down: retry later

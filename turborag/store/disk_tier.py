@@ -167,3 +167,26 @@ class BoundedFileBackend(FileBackend):
         row = self.db.execute("SELECT value FROM counters WHERE name = 'evictions'").fetchone()
         evictions = row[0] if row else 0
         return {"max_bytes": self.max_bytes, "bytes": used, "entries": entries, "evictions": evictions}
+
+
+def default_cap(root: str | Path) -> int:
+    """The cap a server gives a file store that recorded none: the caches it holds now plus half the disk's
+    free space. A server whose clients may add caches (uploads, their own passages) must not fill the disk,
+    and the store should still be able to double; `--max-disk-bytes` on ingest records another cap, 0 none."""
+    import shutil
+
+    kv = Path(root) / "kv"
+    held = sum(f.stat().st_size for f in kv.rglob("*") if f.is_file()) if kv.is_dir() else 0
+    return held + shutil.disk_usage(root).free // 2
+
+
+def cap_note(backend) -> str:
+    """One line on how much disk the store's caches may take, for a server's start."""
+    if isinstance(backend, BoundedFileBackend):
+        return (
+            f"caches capped at {backend.max_bytes / 1e9:.1f} GB on disk ({backend.used_bytes() / 1e9:.1f} GB "
+            "held; least recently used evicted beyond it)"
+        )
+    if isinstance(backend, FileBackend):
+        return "caches on disk without a cap (recorded as 0 by `turborag ingest --max-disk-bytes 0`)"
+    return f"caches in {type(backend).__name__} (its own memory limit caps them)"
