@@ -313,7 +313,7 @@ def test_ingest_tokenizes_and_keys_each_chunk_once(tmp_path, gemma_lm, monkeypat
     calls = []
     real_ids, real_key = engine.layout.chunk_ids, engine.key
     monkeypatch.setattr(engine.layout, "chunk_ids", lambda text: calls.append("ids") or real_ids(text))
-    monkeypatch.setattr(engine, "key", lambda ids: calls.append("key") or real_key(ids))
+    monkeypatch.setattr(engine, "key", lambda ids, *scope: calls.append("key") or real_key(ids, *scope))
     advanced = []
     monkeypatch.setattr(ing.progress, "advance", lambda chunks, tokens: advanced.append((chunks, tokens)))
     res = ing.run([docs])

@@ -391,3 +391,15 @@ def test_open_many_opens_sound_blobs_reports_missing_and_damaged_ones_and_decode
     assert (store.hits, store.misses) == (2, 2)
     with pytest.raises(ValueError, match="dequantizes"):
         KVStore(tmp_path, "int8").open_many({good: [0]})
+
+
+def test_a_scope_keys_the_same_chunk_apart_and_no_scope_keeps_the_old_key():
+    import hashlib
+    import json
+
+    from turborag.store.kv_store import KEY_VERSION, cache_key
+
+    old = hashlib.sha256(json.dumps([KEY_VERSION, "fp", "float16", [1], [2, 3]]).encode()).hexdigest()
+    assert cache_key("fp", [1], [2, 3], "float16") == old  # every store built so far keeps its keys
+    scoped = {cache_key("fp", [1], [2, 3], "float16", scope) for scope in ("red", "blue")}
+    assert len(scoped) == 2 and old not in scoped

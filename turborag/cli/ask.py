@@ -138,7 +138,7 @@ def _ask_local(engine, catalog, question, collection, mode, top_k, max_new_token
     if notice:
         typer.echo(f"note: {notice}", err=True)
     answer = None
-    for item in engine.stream(question, found.texts, mode, engine.qa_params(max_new_tokens)):
+    for item in engine.stream(question, found.texts, mode, engine.qa_params(max_new_tokens), collection):
         if isinstance(item, Answer):
             answer = item
         elif not as_json:

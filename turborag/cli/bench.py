@@ -265,6 +265,61 @@ def bench_store_cmd(
     stdout().print(table)
 
 
+@app.command("isolation")
+def bench_isolation_cmd(
+    guesses: int = typer.Option(20, min=2, help="guesses of each kind per store (medians reported)"),
+    chunk_tokens: int = typer.Option(256, min=16, help="tokens of each guessed passage"),
+    model: str = ModelOpt,
+    device: str = DeviceOpt,
+    dtype: str = DtypeOpt,
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Shared against per-collection cache keys (`ingest --isolate-collections`): the bytes two collections
+    of the same passages take, and the TTFT of a reader's guess that is another collection's exact text
+    against a new text, paired, in one run."""
+    from turborag.bench.isolation import bench_isolation, rows_as_dicts
+
+    engine = engine_for(model, device, None, "auto", dtype)
+    try:
+        rows = bench_isolation(
+            engine, guesses, chunk_tokens, turborag_home(), log=lambda m: None if as_json else progress(m)
+        )
+    except ValueError as e:
+        fail(str(e))
+    info = {
+        "model": model,
+        "dtype": str(engine.lm.dtype).removeprefix("torch."),
+        "chunk_tokens": chunk_tokens,
+    }
+    if as_json:
+        typer.echo(json.dumps({**info, "guesses": guesses, "rows": rows_as_dicts(rows)}))
+        return
+    table = Table(
+        title=f"a reader's guess of another collection's text, {guesses} pairs, {chunk_tokens} tokens"
+    )
+    for col in (
+        "cache keys",
+        "cache MB",
+        "same text (s)",
+        "new text (s)",
+        "new / same",
+        "faster: same / new",
+        "p",
+    ):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(
+            r.cache_keys,
+            f"{r.cache_bytes / 1e6:.1f}",
+            f"{r.same_text_ttft_s:.3f}",
+            f"{r.new_text_ttft_s:.3f}",
+            f"{r.ratio:.2f}x",
+            f"{r.same_faster} / {r.new_faster}",
+            f"{r.p:.2g}",
+        )
+    stdout().print(table)
+
+
 @app.command("precompute")
 def bench_precompute_cmd(
     batch_sizes: str = typer.Option("1,2,4,8", help="comma-separated batch sizes"),

@@ -217,7 +217,8 @@ def _repair(catalog, keys: list[str]) -> int:
     texts = catalog.texts_of_keys(keys)
     try:
         with catalog.write_lock():
-            engine.precompute(list(texts.values()))
+            # under the catalog's keys, not keys derived again: a store may key caches per collection
+            engine.precompute_ids({k: engine.layout.chunk_ids(t) for k, t in texts.items()})
             for key in texts:
                 catalog.set_cache_bytes(key, engine.store.size(key) or 0)
     except (StoreError, StoreUnavailable) as e:

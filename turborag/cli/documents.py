@@ -28,6 +28,7 @@ from turborag.cli.common import (
     plural,
 )
 from turborag.cli.loading import default_store, load_engine, open_catalog, store_kv
+from turborag.core.options import EngineOptions
 from turborag.core.progress import PlainProgress
 
 # The store, the model and the RAG pipeline (torch with them) are imported inside the commands, so that
@@ -124,6 +125,13 @@ def ingest(
     ray_workers: int = typer.Option(
         2, "--ray-workers", min=1, help="Ray actors, one model each (one GPU each)"
     ),
+    isolate_collections: bool = typer.Option(
+        False,
+        "--isolate-collections",
+        help="a new store keys its chunk caches per collection: the same text in two collections is cached "
+        "twice, and no request can tell by its speed what another collection holds (chosen when the store "
+        "is made)",
+    ),
     dry_run: bool = typer.Option(
         False,
         "--dry-run",
@@ -171,6 +179,7 @@ def ingest(
             cache_format=fmt,
             chunk_tokens=size,
             chunk_overlap=ovl,
+            options=EngineOptions(isolate_collections=isolate_collections),
         )
     except typer.Exit:
         catalog.discard()  # a store this run created, bound to nothing yet: not left behind
@@ -275,6 +284,7 @@ def _ray_remote(engine, catalog, address: str, workers: int):
         fingerprint=engine.lm.fingerprint,
         max_disk_bytes=settings.max_disk_bytes or None,
         batch_size=engine.batch_size,
+        collection=catalog.collection if engine.isolate_collections else None,
     )
     return functools.partial(precompute_on_ray, spec=spec, address=address, workers=workers)
 

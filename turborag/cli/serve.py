@@ -192,6 +192,8 @@ def _print_start(served, host: str, port: int, quota: int | None) -> None:
         console.print(f"note: {cap_note(served.engine.store.backend)}")
         per_key = f"at most {quota / 1e9:.2f} GB each" if quota else "no quota (--max-cache-bytes-per-key)"
         console.print(f"note: caches of requests' own passages are stored for keys that may write, {per_key}")
+        if served.engine.isolate_collections:
+            console.print("note: chunk caches are keyed per collection (the store's --isolate-collections)")
     if (threshold := served.engine.abstain_threshold) is not None:
         console.print(f'note: answers "The passages do not say." when the model gives it p >= {threshold}')
     if served.engine.name_check:

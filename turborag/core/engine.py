@@ -189,6 +189,7 @@ class Engine:
         # and a server is asked about the same chunks again and again. 1024 chunks of 512 tokens hold about
         # 20 MB of ids (a tuple's pointers and int objects); a key not held costs 30 us to hash again.
         self._keys = functools.lru_cache(maxsize=1024)(self._key_of)
+        self.isolate_collections = options.isolate_collections
         self._resolve(options)
 
     def _resolve(self, options: EngineOptions) -> None:
@@ -261,17 +262,26 @@ class Engine:
 
     # -- keys and precompute -------------------------------------------------------------------------
 
-    def key(self, chunk_ids: Sequence[int]) -> str:
-        """The store key of a chunk: its token ids behind this engine's prefix, model and cache format."""
-        return self._keys(tuple(chunk_ids))
+    def key(self, chunk_ids: Sequence[int], collection: str | None = None) -> str:
+        """The store key of a chunk: its token ids behind this engine's prefix, model and cache format; with
+        isolated collections, also the collection's name (a ValueError without one)."""
+        scope = ""
+        if self.isolate_collections:
+            if not collection:
+                raise ValueError("this store keys its caches per collection: name the collection")
+            scope = collection
+        return self._keys(tuple(chunk_ids), scope)
 
-    def _key_of(self, chunk_ids: tuple[int, ...]) -> str:
-        return cache_key(self.lm.fingerprint, self.prefix_ids, list(chunk_ids), self.store.cache_format)
+    def _key_of(self, chunk_ids: tuple[int, ...], scope: str) -> str:
+        fmt = self.store.cache_format
+        return cache_key(self.lm.fingerprint, self.prefix_ids, list(chunk_ids), fmt, scope)
 
-    def precompute(self, passages: Sequence[str], on_batch=None) -> tuple[int, int]:
+    def precompute(
+        self, passages: Sequence[str], on_batch=None, collection: str | None = None
+    ) -> tuple[int, int]:
         """Compute and store the caches of passages not stored yet. Returns (chunks, tokens) computed.
         `on_batch(n_tokens)` after each forward batch (a progress bar's update)."""
-        chunks = {self.key(ids): ids for ids in map(self.layout.chunk_ids, passages)}
+        chunks = {self.key(ids, collection): ids for ids in map(self.layout.chunk_ids, passages)}
         report = (lambda _n, tokens: on_batch(tokens)) if on_batch else None
         return self.precompute_ids(chunks, report)
 
@@ -384,10 +394,11 @@ class Engine:
         passages: Sequence[str],
         mode: str = "auto",
         params: SamplingParams | None = None,
+        collection: str | None = None,
     ) -> Iterator[str | Answer]:
         """Yield text deltas as they are decoded, then the final Answer (its `mode` is the one used: `auto`
         resolved). `params` default to `qa_params()`."""
-        yield from self.run(self.begin(question, passages, mode, params))
+        yield from self.run(self.begin(question, passages, mode, params, collection))
 
     def begin(
         self,
@@ -395,10 +406,11 @@ class Engine:
         passages: Sequence[str],
         mode: str = "auto",
         params: SamplingParams | None = None,
+        collection: str | None = None,
     ) -> DecodeState:
         """Everything up to the first token: the prompt built, the context prefilled (full) or assembled from
         chunk caches with only the question prefilled (turbo modes). Returns the sequence to decode."""
-        return drain(self.begin_steps(question, passages, mode, params))
+        return drain(self.begin_steps(question, passages, mode, params, collection=collection))
 
     def begin_steps(
         self,
@@ -409,6 +421,7 @@ class Engine:
         step: int | None = None,
         defer: bool = False,
         persist: bool | WriteBudget = True,
+        collection: str | None = None,
     ) -> Generator[int | Feed, torch.Tensor | None, DecodeState]:
         """`begin` one forward at a time: yields the tokens of each prefill forward (at most `step`, else
         `prefill_step`, a forward) and returns the sequence, so that a server can decode other requests, or
@@ -418,7 +431,8 @@ class Engine:
         (`steps.send(logits)`): a server then runs the feeds of several requests in one forward
         (core/feeds.py). Without `persist`, a chunk cache the store lacks is computed for this request and
         held in RAM only (the RAM tier's budget), never written to the store: a caller who may not write
-        (a read-only key's own passages) cannot grow it."""
+        (a read-only key's own passages) cannot grow it. `collection` names whose caches these are, for a
+        store that isolates collections (Engine.key)."""
         mode = self.resolve_mode(mode)
         params = params or self.qa_params()
         t0 = time.perf_counter()
@@ -431,7 +445,7 @@ class Engine:
             done = yield from self._prefill_full(prompt, reserve, extra, step, defer)
         else:
             done = yield from self._prefill_turbo(
-                prompt, mode, reserve + len(prompt.suffix), extra, step, defer, persist
+                prompt, mode, reserve + len(prompt.suffix), extra, step, defer, persist, collection
             )
         decision = Decision()
         if self.abstain_threshold is not None:
@@ -585,10 +599,11 @@ class Engine:
         step: int | None = None,
         defer: bool = False,
         persist: bool | WriteBudget = True,
+        collection: str | None = None,
     ):
         """Load and assemble the chunk caches, then prefill only the question (and `extra` tokens). Returns
         the ApeContext the sequence decodes with too (None but in the APE modes)."""
-        ctx = self.assemble(prompt, mode, reserve + len(extra), persist)
+        ctx = self.assemble(prompt, mode, reserve + len(extra), persist, collection)
         attention = self.ape_context(ctx.cache, prompt) if modes.get(mode).ape else None
         ids = prompt.suffix + extra
         logits = yield from self._feed_steps(
@@ -607,7 +622,12 @@ class Engine:
         return ape.ApeContext(lo, hi, free.ape_temperature, free.ape_scale)
 
     def assemble(
-        self, prompt: Prompt, mode: str, reserve: int, persist: bool | WriteBudget = True
+        self,
+        prompt: Prompt,
+        mode: str,
+        reserve: int,
+        persist: bool | WriteBudget = True,
+        collection: str | None = None,
     ) -> Assembled:
         """The turbo context: chunk caches loaded (missing ones computed, and stored if `persist`; a
         WriteBudget is charged their bytes first, and may refuse with QuotaExceeded),
@@ -623,19 +643,19 @@ class Engine:
         """
         for _ in range(len(prompt.chunks) + 1):
             try:
-                return self._assemble_once(prompt, mode, reserve, persist)
+                return self._assemble_once(prompt, mode, reserve, persist, collection)
             except Damaged:
                 continue
         raise Damaged(f"the request's chunk caches kept failing their checks ({len(prompt.chunks)} chunks)")
 
     def _assemble_once(
-        self, prompt: Prompt, mode: str, reserve: int, persist: bool | WriteBudget
+        self, prompt: Prompt, mode: str, reserve: int, persist: bool | WriteBudget, collection: str | None
     ) -> Assembled:
         positions, strategy = modes.get(mode).positions, modes.get(mode).recompute
         dev, dtype = self.lm.device, self.lm.dtype
         windows = self.windows if strategy is None else [None] * len(self.windows)
         lengths = [len(c) for c in prompt.chunks]
-        keys = [self.key(c) for c in prompt.chunks]
+        keys = [self.key(c, collection) for c in prompt.chunks]
         wanted: dict[str, set[int]] = {}
         for k, layers in zip(keys, kv.needed_layers(lengths, len(prompt.prefix), windows)):
             wanted.setdefault(k, set()).update(layers)

@@ -51,6 +51,9 @@ class EngineOptions:
     # The weights decode steps read: "float" (the model's), or "int8" copies on a CPU (decode_weights.py);
     # prefills always read the model's own, so the caches are the same either way.
     decode_weights: str = "float"
+    # Key chunk caches per collection (a store's `--isolate-collections`): no cache is shared, so a request
+    # cannot tell by its speed which passages another collection holds.
+    isolate_collections: bool = False
 
     def __post_init__(self):
         if self.template not in ("auto", "plain", "chat"):

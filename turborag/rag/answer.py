@@ -48,10 +48,13 @@ def begin_steps(
     on_found: Callable[[Found], None] | None = None,
     step: int | None = None,
     defer: bool = False,
+    collection: str | None = None,
 ):
-    """`Engine.begin_steps` over the passages found for `question` (see there for `step` and `defer`).
-    `on_found` sees them before the first forward, so a caller can name them in its response."""
+    """`Engine.begin_steps` over the passages found for `question` (see there for `step`, `defer` and
+    `collection`). `on_found` sees them before the first forward, so a caller can name them in its
+    response."""
     found = find(engine, search, question, top_k, params.max_new_tokens)
     if on_found is not None:
         on_found(found)
-    return (yield from engine.begin_steps(question, found.texts, mode, params, step, defer))
+    steps = engine.begin_steps(question, found.texts, mode, params, step, defer, collection=collection)
+    return (yield from steps)

@@ -24,7 +24,7 @@ from turborag.core.errors import ModelError
 from turborag.core.options import EngineOptions
 from turborag.store.catalog import DEFAULT_COLLECTION, Catalog, StoreError, check_collection_name
 from turborag.store.errors import StoreUnavailable
-from turborag.store.settings import SettingsError, StoreSettings
+from turborag.store.settings import PER_COLLECTION, SHARED, SettingsError, StoreSettings
 
 if TYPE_CHECKING:
     from turborag.core.engine import Engine
@@ -122,15 +122,16 @@ def open_engine(
             f"store {catalog.root} is empty: run `turborag ingest PATH --store {catalog.root}` first"
         )
     spec = model_spec(model or recorded.model or DEFAULT_MODEL)
+    options = options or EngineOptions()
+    keys = _cache_keys(catalog, recorded, options.isolate_collections)
+    options = replace(options, isolate_collections=keys == PER_COLLECTION)
     compute, fmt = _dtypes(catalog, recorded, device, dtype, cache_format)
     if recorded.bound:  # before loading: a different dtype also changes the fingerprint, so say which
         catalog.check(StoreSettings(dtype=dtype_name(compute)))
     lm = load_model(spec, device, compute)
     try:
         kv = KVStore(_kv_backend(catalog, kv_url, bind=ingest, max_disk_bytes=max_disk_bytes), fmt)
-        engine = Engine(
-            lm, kv, replace(options or EngineOptions(), template=template or recorded.template or "auto")
-        )
+        engine = Engine(lm, kv, replace(options, template=template or recorded.template or "auto"))
     except ValueError as e:
         raise StoreError(str(e)) from None
     bound = StoreSettings(
@@ -142,6 +143,7 @@ def open_engine(
         embedder=_embedder(),
         chunk_tokens=chunk_tokens,
         chunk_overlap=chunk_overlap,
+        cache_keys=keys,
     )
     if ingest:
         catalog.bind(bound)
@@ -170,6 +172,20 @@ def _embedder() -> str:
     from turborag.rag.embed import EMBEDDER
 
     return EMBEDDER
+
+
+def _cache_keys(catalog: Catalog, recorded: StoreSettings, isolate: bool) -> str:
+    """How this store keys its caches: as recorded (a store bound before the setting existed shares them);
+    a new store as asked. Isolation is chosen when a store is made: its shared caches cannot be split."""
+    if not recorded.bound:
+        return PER_COLLECTION if isolate else SHARED
+    keys = recorded.cache_keys or SHARED
+    if isolate and keys != PER_COLLECTION:
+        raise StoreError(
+            f"store {catalog.root} shares its caches across collections; --isolate-collections is chosen "
+            "when a store is made: ingest into a new --store"
+        )
+    return keys
 
 
 def _dtypes(

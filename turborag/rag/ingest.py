@@ -244,7 +244,8 @@ class Ingestor:
                     continue
                 chunks = self.chunker.chunk(doc.doc_id, doc.text)
                 ids = [self.engine.layout.chunk_ids(c.text) for c in chunks]
-                pending.append(_Pending(doc, chunks, [self.engine.key(i) for i in ids], ids))
+                keys = [self.engine.key(i, self.catalog.collection) for i in ids]
+                pending.append(_Pending(doc, chunks, keys, ids))
         res.unchanged_documents = len(unchanged_docs)
         res.documents = len(unchanged_docs) + len(pending)
         repairs: list[str] = []  # keys of unchanged chunks whose cache file is missing
@@ -371,7 +372,7 @@ def check_keys(catalog: Catalog, engine: Engine) -> None:
     and settings are checked when a store is opened, but a key also depends on the instruction prompt and the
     key format, which a new turborag version may change: one chunk's key, recomputed, tells."""
     sample = catalog.sample_chunk()
-    if sample is not None and engine.key(engine.layout.chunk_ids(sample[0])) != sample[1]:
+    if sample is not None and engine.key(engine.layout.chunk_ids(sample[0]), sample[2]) != sample[1]:
         raise StoreError(
             f"store {catalog.root} was built by another version of turborag (its cache keys, which depend on "
             "the prompt, differ from this one's): ingest the documents again into a new --store"

@@ -43,6 +43,7 @@ class WorkerSpec:
     fingerprint: str  # the driver's model fingerprint: an actor with another model refuses to run
     max_disk_bytes: int | None = None
     batch_size: int = 4  # chunks per forward inside an actor
+    collection: str | None = None  # the caches' collection, in a store that keys them per collection
 
 
 class CacheActor:
@@ -63,17 +64,24 @@ class CacheActor:
                 f"{spec.fingerprint[:12]}: the workers need the same model files and library versions"
             )
         store = KVStore(open_backend(spec.store_url, max_disk_bytes=spec.max_disk_bytes), spec.cache_format)
-        self.engine = Engine(lm, store, EngineOptions(template=spec.template, batch_size=spec.batch_size))
+        options = EngineOptions(
+            template=spec.template,
+            batch_size=spec.batch_size,
+            isolate_collections=spec.collection is not None,
+        )
+        self.engine = Engine(lm, store, options)
+        self.collection = spec.collection
         self.embedder = Embedder()
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         _maybe_fail_once()
         keys, texts = [str(k) for k in batch["key"]], [str(t) for t in batch["text"]]
-        derived = [self.engine.key(self.engine.layout.chunk_ids(t)) for t in texts]
+        derived = [self.engine.key(self.engine.layout.chunk_ids(t), self.collection) for t in texts]
         if derived != keys:
             raise RuntimeError("a worker derived other cache keys than the driver (different tokenizer?)")
         missing = [k not in self.engine.store for k in keys]
-        self.engine.precompute([t for t, m in zip(texts, missing) if m])  # skips what another try stored
+        todo = [t for t, m in zip(texts, missing) if m]
+        self.engine.precompute(todo, collection=self.collection)  # skips what another try stored
         time.sleep(float(os.environ.get(BATCH_DELAY_ENV) or 0))  # tests: room to kill the driver mid-run
         return {
             "key": np.array(keys),

@@ -140,7 +140,7 @@ async def answer_from_passages(
         if opts.contexts is not None:
             return (
                 yield from engine.begin_steps(
-                    question, contexts, opts.mode, params, step, defer=True, persist=persist
+                    question, contexts, opts.mode, params, step, True, persist, opts.collection
                 )
             )
         from turborag.rag import answer  # a server without a store never loads retrieval
@@ -151,7 +151,9 @@ async def answer_from_passages(
         def named(found) -> None:  # with each chunk's text, so that a client (the page) can show what it read
             chunk_refs.extend({**served.retriever.chunk_ref(h), "text": h.text} for h in found.passages)
 
-        steps = answer.begin_steps(engine, search, question, opts.mode, params, opts.top_k, named, step, True)
+        steps = answer.begin_steps(
+            engine, search, question, opts.mode, params, opts.top_k, named, step, True, opts.collection
+        )
         return (yield from steps)
 
     started = await state.start(begin=begin, request=request)

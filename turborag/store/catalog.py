@@ -629,10 +629,13 @@ class Catalog:
             found.update(r[0] for r in self.db.execute(q, part))
         return found
 
-    def sample_chunk(self) -> tuple[str, str] | None:
-        """(text, cache key) of one chunk, or None for an empty store: enough to check that an engine
-        computes the keys this store was built with."""
-        return self.db.execute("SELECT text, cache_key FROM chunks ORDER BY id LIMIT 1").fetchone()
+    def sample_chunk(self) -> tuple[str, str, str] | None:
+        """(text, cache key, collection) of one chunk, or None for an empty store: enough to check that an
+        engine computes the keys this store was built with."""
+        return self.db.execute(
+            "SELECT c.text, c.cache_key, k.name FROM chunks c JOIN documents d ON d.id = c.document "
+            "JOIN collections k ON k.id = d.collection ORDER BY c.id LIMIT 1"
+        ).fetchone()
 
     def texts_of_keys(self, keys: list[str]) -> dict[str, str]:
         """key -> the text of a chunk that uses it (for recomputing missing caches)."""

@@ -36,10 +36,17 @@ __all__ = ["FILE_FORMAT", "KEY_VERSION", "KVStore", "Layers", "StoredChunk", "ca
 
 
 def cache_key(
-    fingerprint: str, prefix_ids: list[int], chunk_ids: list[int], cache_format: str = "float16"
+    fingerprint: str,
+    prefix_ids: list[int],
+    chunk_ids: list[int],
+    cache_format: str = "float16",
+    scope: str = "",
 ) -> str:
+    """The store key of a chunk's cache. `scope` (a collection's name, in a store that isolates
+    collections) keys the same text apart per scope; empty, the key is the one every store has used."""
     h = hashlib.sha256()
-    h.update(json.dumps([KEY_VERSION, fingerprint, cache_format, prefix_ids, chunk_ids]).encode())
+    fields = [KEY_VERSION, fingerprint, cache_format, prefix_ids, chunk_ids]
+    h.update(json.dumps([*fields, scope] if scope else fields).encode())
     return h.hexdigest()
 
 

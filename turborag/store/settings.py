@@ -16,6 +16,8 @@ from dataclasses import dataclass, fields
 # The cache formats (store/codec.py's FORMATS, named here without torch: opening a catalog, as `--help` and a
 # mistyped --store do, never imports it; tests/store/test_settings.py checks that the two agree).
 CACHE_FORMATS = ("float16", "bfloat16", "float32", "int8", "fp8")
+SHARED, PER_COLLECTION = "shared", "per-collection"
+CACHE_KEYS = (SHARED, PER_COLLECTION)
 # The table's key for a field, where the two differ.
 _META_KEY = {"cache_format": "store_dtype"}
 _INTS = ("chunk_tokens", "chunk_overlap", "max_disk_bytes")
@@ -37,8 +39,13 @@ class StoreSettings:
     chunk_overlap: int | None = None
     max_disk_bytes: int | None = None  # a file store's cap (0 or None: none)
     kv_url: str | None = None  # where the caches live when not in the store's own folder (redis://...)
+    # "shared": one cache per chunk text, whichever collections use it; "per-collection": keyed apart per
+    # collection (`ingest --isolate-collections`), so no request can tell by its speed what another holds
+    cache_keys: str | None = None
 
     def __post_init__(self):
+        if self.cache_keys is not None and self.cache_keys not in CACHE_KEYS:
+            raise SettingsError(f"unknown cache keys {self.cache_keys!r}: use one of {CACHE_KEYS}")
         if self.cache_format is not None and self.cache_format not in CACHE_FORMATS:
             raise SettingsError(f"unknown cache format {self.cache_format!r}: use one of {CACHE_FORMATS}")
         for name in _INTS:
