@@ -54,7 +54,8 @@ def calibrate(
         note = f"note: {model} is a cache-aware fine-tune, so `auto` answers in turbo whatever is recorded"
         typer.echo(note, err=True)
     say = (lambda _: None) if as_json else (lambda line: typer.echo(line, err=True))
-    record = run(engine, examples, max_new_tokens=max_new_tokens, progress=not as_json, say=say)
+    # progress goes to stderr, --json or not: a calibration is many minutes of model work on a CPU
+    record = run(engine, examples, max_new_tokens=max_new_tokens, progress=True, say=say)
     record["data"] = {"path": str(data), "sha256": sha256_file(data)}
     if write:
         if engine.lm.folder is None:

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse
 from turborag.serve.errors import APIError, parse_body, too_large
 from turborag.serve.schemas import COLLECTION_PATTERN, DocumentRequest
 from turborag.serve.state import StateDep, client_left
+from turborag.serve.turns import InTurns
 
 router = APIRouter()
 
@@ -36,7 +37,9 @@ async def add_document(request: Request, state: StateDep):
     watcher = asyncio.ensure_future(_set_when_gone(request, cancelled))
     try:
         with state.upload_slot(request):
-            added = await state.call(lambda: docs.add(name, data, collection, cancelled))
+            # one batch of caches at a time, so that other requests are answered while it runs
+            ingest = InTurns(lambda turn: docs.add(name, data, collection, cancelled, turn), cancelled)
+            added = await state.in_turns(ingest.steps)
     finally:
         watcher.cancel()
     return JSONResponse(added, status_code=201)

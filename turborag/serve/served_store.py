@@ -21,6 +21,7 @@ import hashlib
 import shutil
 import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from turborag.core.engine import Engine
@@ -36,8 +37,9 @@ class UploadCancelled(Exception):
 class _Cancellable(Progress):
     """Ingest progress that stops the ingest once `cancelled` is set (checked at every batch of caches)."""
 
-    def __init__(self, cancelled: threading.Event):
+    def __init__(self, cancelled: threading.Event, turn: Callable[[int], None] | None = None):
         self.cancelled = cancelled
+        self.turn = turn  # hands the model back to the worker after each batch (serve/turns.py)
 
     def check(self) -> None:
         if self.cancelled.is_set():
@@ -45,6 +47,9 @@ class _Cancellable(Progress):
 
     def advance(self, chunks: int, tokens: int) -> None:
         self.check()
+        if self.turn is not None:
+            self.turn(tokens)
+            self.check()  # the client may have left while other requests had the model
 
 
 def api_id(doc_id: str) -> str:
@@ -175,24 +180,32 @@ class ServedStore:
     # -- documents ---------------------------------------------------------------------------------
 
     def add(
-        self, name: str, data: bytes, collection: str = "default", cancelled: threading.Event | None = None
+        self,
+        name: str,
+        data: bytes,
+        collection: str = "default",
+        cancelled: threading.Event | None = None,
+        turn: Callable[[int], None] | None = None,
     ) -> dict:
         """Write the upload under a fresh server-chosen folder and ingest it into `collection`. The counts
         returned are the catalog's (the same as the list shows), whether or not its caches were computed
         now or were already there (the same text in another collection).
 
         `cancelled` (its client left) stops the ingest at its next batch of caches and takes back what it
-        added: the upload's documents, their caches that nothing else uses, its folder (499)."""
+        added: the upload's documents, their caches that nothing else uses, its folder (499). `turn(tokens)`
+        is called after each batch of caches (serve/turns.py: other requests run in between)."""
         view = self._view(collection)
         doc = uuid.uuid4().hex[:16]
         folder = self.uploads / doc
         upload_journal.begin(folder, collection)  # a crash from here on is rolled back at the next start
         try:
-            return self._add(view, doc, folder, name, data, collection, cancelled)
+            return self._add(
+                view, doc, folder, name, data, collection, _Cancellable(cancelled or threading.Event(), turn)
+            )
         finally:
             upload_journal.end(folder)
 
-    def _add(self, view, doc: str, folder: Path, name: str, data: bytes, collection: str, cancelled) -> dict:
+    def _add(self, view, doc: str, folder: Path, name: str, data: bytes, collection: str, watch) -> dict:
         """`add` once its journal marker is written."""
         from turborag.rag.chunker import Chunker, chunking
         from turborag.rag.ingest import Ingestor, StoreWriteError
@@ -203,7 +216,6 @@ class ServedStore:
         recorded = view.settings()
         size, overlap = chunking(recorded.chunk_tokens, recorded.chunk_overlap)
         chunker = Chunker(self.engine.lm.tokenizer, size, overlap)
-        watch = _Cancellable(cancelled or threading.Event())
         ingestor = Ingestor(self.engine, view, self._embedder, chunker, progress=watch)
         try:
             watch.check()

@@ -25,7 +25,7 @@ from turborag.core.generate import DecodeState
 from turborag.serve.access import EVERYTHING, Access, Principal, key_hash
 from turborag.serve.errors import APIError, forbidden
 from turborag.serve.metrics import Metrics
-from turborag.serve.worker import Generation, Job, ModelWorker, QueueFull, ShuttingDown, step_alone
+from turborag.serve.worker import Generation, Job, ModelWorker, QueueFull, ShuttingDown, Turns, step_alone
 from turborag.store.catalog import StoreError
 from turborag.store.errors import StoreUnavailable
 from turborag.store.write_quota import QuotaExceeded, WriteBudget, WriteQuota
@@ -297,12 +297,16 @@ class ServerState:
         run: Callable[[], Iterator] | None = None,
         begin: Callable[[], DecodeState] | None = None,
         request: Request | None = None,
+        turns: Callable[[], Iterator] | None = None,
     ) -> Started:
         """Queue a plain job (`run`) or a generation (`begin`, decoded in the batch); await its first item so
         that request errors become HTTP errors, not broken streams. With `request`, a client that leaves
         while the job waits in the queue or prefills cancels it (a 499 nobody reads)."""
         try:
-            job = self.worker.submit(Generation(begin) if begin is not None else run)
+            if turns is not None:
+                job = self.worker.submit(Turns(turns))
+            else:
+                job = self.worker.submit(Generation(begin) if begin is not None else run)
         except QueueFull:
             raise APIError(
                 503,
@@ -341,6 +345,12 @@ class ServerState:
         except StopAsyncIteration:
             first = None
         return Started(job, first, items)
+
+    async def in_turns(self, steps: Callable[[], Iterator]) -> Any:
+        """The result of a job run one forward batch at a time among the other requests' prefills and
+        decode steps (serve/turns.py: an upload's ingest)."""
+        started = await self.start(turns=steps)
+        return started.first
 
     async def call(self, fn: Callable[[], Any]) -> Any:
         """`fn()` run on the worker thread, for work that must not run on the event loop or must own the

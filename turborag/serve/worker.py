@@ -26,8 +26,11 @@ time (Orca's iteration-level scheduling):
 3. decode: one batched forward feeds every running sequence its next token (`step`);
 4. retire: finished sequences hand out their Answer; cancelled ones (client gone) are dropped.
 
-A plain job (`run`: an iterator, e.g. a document upload) runs alone, to completion, when admitted; the
-running decodes wait for it.
+A plain job (`run`: an iterator, e.g. a document list) runs alone, to completion, when admitted; the
+running decodes wait for it. A job in turns (`Turns`, e.g. a document upload's ingest) is a generator that
+yields the tokens of each forward batch it ran and returns its result: it takes its turns among the prefills
+(step 2), one forward batch at a time within the budget, so the questions and decode steps of other
+requests go on while it runs; it is cancelled between two of its batches.
 
 Shutdown (`stop`, on SIGTERM): new jobs are refused with `ShuttingDown` at once; between two decode steps
 the worker ends every running and queued job with `ShuttingDown` (an HTTP 503, or an error event in a
@@ -70,6 +73,8 @@ class Job:
     # a generation: prefill (returns the sequence, or a generator of prefill steps that returns it), then
     # decoded in the batch
     begin: Callable[[], DecodeState | Generator] | None = None
+    # a job in turns: its steps' generator (Turns), run among the prefills
+    turns: Callable[[], Generator] | None = None
     out: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -103,6 +108,14 @@ class Generation:
     begin: Callable[[], DecodeState | Generator]
 
 
+@dataclass
+class Turns:
+    """What a job in turns submits: `steps()` returns a generator that runs one forward batch a step,
+    yielding its tokens, and returns the job's result (its only item)."""
+
+    steps: Callable[[], Generator[int, None, object]]
+
+
 Running = tuple[Job, DecodeState]  # a sequence being decoded
 
 
@@ -114,6 +127,7 @@ class Prefilling:
     steps: Generator  # yields a forward's token count (it ran the forward), or a Feed (run it, send logits)
     feed: Feed | None = None  # the forward it waits on
     fresh: bool = True  # not advanced yet: its retrieval and cache assembly have not run
+    turns: bool = False  # a job in turns: its generator returns a result to hand out, not a sequence
 
 
 def step_alone(rows: list[DecodeState], step_one: Callable[[DecodeState], None]) -> None:
@@ -165,15 +179,17 @@ class ModelWorker:
         """Jobs waiting plus the ones running."""
         return self.jobs.qsize() + self.running
 
-    def submit(self, work: Callable[[], Iterator] | Generation) -> Job:
-        """Queue a plain job (a callable returning an iterator of items) or a Generation; raises QueueFull
-        when the queue is, ShuttingDown once `stop` was called."""
+    def submit(self, work: Callable[[], Iterator] | Generation | Turns) -> Job:
+        """Queue a plain job (a callable returning an iterator of items), a Generation or a job in Turns;
+        raises QueueFull when the queue is, ShuttingDown once `stop` was called."""
         if self.stopping:
             raise ShuttingDown
-        if isinstance(work, Generation):
+        if isinstance(work, Generation | Turns):
             if self.step is None:
                 raise ValueError("this worker has no decode step: submit generations as plain jobs")
-            job = Job(None, asyncio.get_running_loop(), work.begin)
+            generation = isinstance(work, Generation)
+            job = Job(None, asyncio.get_running_loop(), work.begin if generation else None)
+            job.turns = None if generation else work.steps
         else:
             job = Job(work, asyncio.get_running_loop())
         try:
@@ -239,6 +255,9 @@ class ModelWorker:
                 continue
             if self.stopping:  # queued before `stop`, taken after it
                 self._finish(job, ShuttingDown())
+                continue
+            if job.turns is not None:
+                prefilling.append(Prefilling(job, job.turns(), turns=True))
                 continue
             if job.begin is None:
                 self.running = len(running) + len(prefilling) + 1
@@ -329,7 +348,10 @@ class ModelWorker:
         try:
             step = p.steps.send(sent)
         except StopIteration as done:
-            if not self._hand_out(p.job, done.value):
+            if p.turns:
+                p.job._put(done.value)
+                self._finish(p.job)
+            elif not self._hand_out(p.job, done.value):
                 running.append((p.job, done.value))
             return None
         except BaseException as e:  # handed to the request, which turns it into an HTTP error

@@ -187,11 +187,13 @@ class Catalog:
         """The SQLite connection (explicit transactions), the schema made when `create`, a version-1 store
         migrated; StoreError for a file that is not a catalog."""
         try:
+            # A server's upload runs its ingest in a helper thread that takes turns with the model worker
+            # (serve/turns.py): one thread at a time, but not always the one that opened the connection.
             if read_only:
                 uri = f"{self.path.resolve().as_uri()}?mode=ro"
-                db = sqlite3.connect(uri, uri=True, timeout=30, isolation_level=None)
+                db = sqlite3.connect(uri, uri=True, timeout=30, isolation_level=None, check_same_thread=False)
             else:
-                db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+                db = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
             self.db = db
             tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
             old = self.meta() if "meta" in tables and "collections" not in tables else {}
