@@ -109,14 +109,8 @@ def serve(
     decode_weights: str = DecodeWeightsOpt,
 ) -> None:
     """OpenAI-compatible HTTP server: /v1/chat/completions (retrieval + turbo), /v1/completions, documents."""
-    try:
-        ram = parse_bytes(ram_cache_bytes)
-    except ValueError as e:
-        fail(f"--ram-cache-bytes: {e}")
-    try:
-        quota = parse_bytes(max_cache_bytes_per_key) or None
-    except ValueError as e:
-        fail(f"--max-cache-bytes-per-key: {e}")
+    ram = _size("--ram-cache-bytes", ram_cache_bytes)
+    quota = _size("--max-cache-bytes-per-key", max_cache_bytes_per_key) or None
     if keys is not None and not keys.expanduser().is_file():
         fail(f"--keys {keys}: no such file (make one with `turborag keys add NAME --keys {keys}`)")
     if read_only and store is None and not (default_store() / "catalog.sqlite").exists():
@@ -170,6 +164,13 @@ def serve(
         run_app(app, host, port, on_exit=lambda: remove_server_file(root))
     finally:
         remove_server_file(root)
+
+
+def _size(option: str, text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError as e:
+        fail(f"{option}: {e}")
 
 
 def open_metrics_warning(keyed: bool, metrics_key: str | None) -> str | None:
