@@ -31,7 +31,7 @@ def _lm(kind: str = "gemma3") -> LoadedModel:
 
 
 def _linears(model: nn.Module) -> int:
-    return sum(1 for m in model.modules() if isinstance(m, nn.Linear) and m.bias is None)
+    return sum(1 for m in model.modules() if isinstance(m, nn.Linear))
 
 
 @pytest.mark.parametrize("kind", list(TINY))
@@ -69,6 +69,18 @@ def test_decoding_multiplies_the_int8_copy():
     many = torch.randn(dw.FEW_ROWS + 1, 64)
     with dw.decoding():
         assert torch.equal(layer(many), many @ layer.weight.T)  # a large batch reads the float weights
+
+
+def test_a_bias_is_added_to_the_int8_product():
+    torch.manual_seed(0)
+    layer = nn.Linear(64, 32)  # as Qwen's q, k and v projections
+    dw.use_int8_decode(nn.Sequential(layer))
+    x = torch.randn(2, 64)
+    with dw.decoding():
+        y = layer(x)
+    expected = x.bfloat16().float() @ dw.dequantized(layer).T + layer.bias
+    assert torch.allclose(y, expected, atol=2e-2, rtol=1e-2)
+    assert (y - layer.bias).abs().max() > 0.1  # not the bias alone
 
 
 def test_adapter_layers_stay_float():

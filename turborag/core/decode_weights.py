@@ -9,8 +9,9 @@ only the tokens a decode step produces (and the K/V it writes for them) come fro
 
 The product is PyTorch's CPU weight-only kernel (`aten._weight_int8pack_mm`: int8 weights with one scale
 per output row, symmetric). It is fast with bf16 activations and slow with fp32 ones, so the few rows are
-cast to bf16 for it and the result back to the compute dtype. A layer with a bias, a decode step of more
-than `FEW_ROWS` sequences, or one not on the CPU runs the float weights. Only the engine's decode steps
+cast to bf16 for it and the result back to the compute dtype (a layer's bias, such as Qwen's q/k/v, is
+added after). A decode step of more than `FEW_ROWS` sequences, or one not on the CPU, runs the float
+weights. Only the engine's decode steps
 (Engine.step, DecodeBatch.step) enter `decoding()`: a prefill of a few tokens (a short chunk, a short
 question) still reads the float weights, so what is stored never depends on this.
 """
@@ -71,7 +72,10 @@ class Int8DecodeLinear(nn.Linear):
             return super().forward(x)
         flat = x.reshape(rows, x.shape[-1]).to(torch.bfloat16)  # (R, in)
         out = torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.qscale)  # (R, out)
-        return out.to(x.dtype).reshape(*x.shape[:-1], out.shape[-1])
+        out = out.to(x.dtype)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
 class Int8DecodeHead(Int8DecodeLinear):
@@ -85,8 +89,8 @@ class Int8DecodeHead(Int8DecodeLinear):
 
 
 def use_int8_decode(model: nn.Module) -> int:
-    """Give every bias-free linear layer of the model an int8 copy for decode steps; returns how many (0
-    when the model has them already).
+    """Give every linear layer of the model an int8 copy for decode steps; returns how many (0 when the
+    model has them already).
 
     The model's weights, state dict and fingerprint are unchanged (the copies are non-persistent buffers).
     Refused off the CPU: the kernel is a CPU one."""
@@ -96,7 +100,7 @@ def use_int8_decode(model: nn.Module) -> int:
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     count = 0
     for name, module in model.named_modules():
-        if type(module) not in (nn.Linear, FewRowsLinear) or module.bias is not None:
+        if type(module) not in (nn.Linear, FewRowsLinear):
             continue
         if "lora_" in name:  # an adapter's own low-rank layers stay float: they are small and delicate
             continue
