@@ -71,6 +71,15 @@ def test_decoding_multiplies_the_int8_copy():
         assert torch.equal(layer(many), many @ layer.weight.T)  # a large batch reads the float weights
 
 
+def test_bf16_weights_use_the_int8_copy_for_fewer_rows():
+    fp32, bf16 = nn.Linear(64, 32, bias=False), nn.Linear(64, 32, bias=False).bfloat16()
+    dw.use_int8_decode(nn.Sequential(fp32, bf16))
+    assert (fp32.few_rows, bf16.few_rows) == (dw.FEW_ROWS, dw.FEW_ROWS_BF16)
+    x = torch.randn(dw.FEW_ROWS_BF16 + 1, 64, dtype=torch.bfloat16)
+    with dw.decoding():
+        assert torch.equal(bf16(x), x @ bf16.weight.T)  # past its few rows: the bf16 weights
+
+
 def test_a_bias_is_added_to_the_int8_product():
     torch.manual_seed(0)
     layer = nn.Linear(64, 32)  # as Qwen's q, k and v projections

@@ -70,11 +70,10 @@ def weight_bytes(model: torch.nn.Module, sequences: int = 1) -> int:
     emb, head = model.get_input_embeddings(), model.get_output_embeddings()
     if head is None or head.weight is not emb.weight:
         total -= emb.weight.numel() * emb.weight.element_size()
-    if sequences <= decode_weights.FEW_ROWS:
-        for m in model.modules():
-            if isinstance(m, decode_weights.Int8DecodeLinear):
-                total += m.qweight.numel() + m.qscale.numel() * m.qscale.element_size()
-                total -= m.weight.numel() * m.weight.element_size()
+    for m in model.modules():
+        if isinstance(m, decode_weights.Int8DecodeLinear) and sequences <= m.few_rows:
+            total += m.qweight.numel() + m.qscale.numel() * m.qscale.element_size()
+            total -= m.weight.numel() * m.weight.element_size()
     return total
 
 

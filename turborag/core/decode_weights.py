@@ -27,7 +27,11 @@ from torch import nn
 from turborag.core.errors import ModelError
 from turborag.core.head import FewRowsLinear
 
-FEW_ROWS = 16  # rows up to which the int8 product beats the float one (a decode batch of up to 16)
+# Rows up to which the int8 product beats the float one: against fp32 weights up to a decode batch of 16;
+# against bf16 weights (which bf16 hardware multiplies fast) only up to 4, the int8 kernel being bound by
+# its dequantizing arithmetic on a CPU of few cores, not by the bytes it reads.
+FEW_ROWS = 16
+FEW_ROWS_BF16 = 4
 WEIGHTS = ("float", "int8")  # what `decode_weights` takes
 _DECODING = contextvars.ContextVar("turborag_decoding", default=False)
 
@@ -65,10 +69,11 @@ class Int8DecodeLinear(nn.Linear):
 
     qweight: torch.Tensor  # (out, in) int8, a non-persistent buffer: the state dict is the float layer's
     qscale: torch.Tensor  # (out,) bf16
+    few_rows: int = FEW_ROWS  # rows up to which the int8 copy is used
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
-        if not _DECODING.get() or rows > FEW_ROWS or x.device.type != "cpu":
+        if not _DECODING.get() or rows > self.few_rows or x.device.type != "cpu":
             return super().forward(x)
         flat = x.reshape(rows, x.shape[-1]).to(torch.bfloat16)  # (R, in)
         out = torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.qscale)  # (R, out)
@@ -83,7 +88,7 @@ class Int8DecodeHead(Int8DecodeLinear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
-        if not _DECODING.get() or rows > FEW_ROWS or x.device.type != "cpu":
+        if not _DECODING.get() or rows > self.few_rows or x.device.type != "cpu":
             return FewRowsLinear.forward(self, x)
         return super().forward(x)
 
@@ -108,6 +113,7 @@ def use_int8_decode(model: nn.Module) -> int:
         module.register_buffer("qweight", q, persistent=False)
         module.register_buffer("qscale", scale, persistent=False)
         module.__class__ = Int8DecodeHead if module is head else Int8DecodeLinear
+        module.few_rows = FEW_ROWS_BF16 if module.weight.dtype == torch.bfloat16 else FEW_ROWS
         count += 1
     return count
 
