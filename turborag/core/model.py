@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from turborag.core import query_adapter
+from turborag.core import decode_attention, query_adapter
 from turborag.core.arch import check_supported
 from turborag.core.defaults import (
     BASE_MODEL,
@@ -422,6 +422,7 @@ def _load_folder(folder: Path, dev: torch.device, dtype: torch.dtype):
     model.to(dev).eval()
     check_supported(model)
     use_few_rows_head(model)  # serving's few-row output-layer products, 2-3x faster on a CPU (head.py)
+    decode_attention.use(model)  # decode steps' single-query attention without the SDPA kernel on a CPU
     return model, tokenizer
 
 
