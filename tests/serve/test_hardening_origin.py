@@ -311,7 +311,7 @@ class DownStore:
 
     read_only = False
 
-    def add(self, name, data, collection="default", cancelled=None):
+    def add(self, name, data, collection="default", cancelled=None, turn=None):
         raise StoreUnavailable("cannot reach Redis at redis://cache-7.internal:6380/0: Connection refused")
 
 
