@@ -99,3 +99,64 @@ def ingest_collections(store: Path, home: Path, texts: dict[str, str], model: st
         args = ["ingest", str(folder), "--store", str(store), "--collection", name, "--model", model]
         r = CliRunner().invoke(app, [*args, "--chunk-tokens", "64"])
         assert r.exit_code == 0, r.output
+
+
+def add_key(keys_file: Path, name: str, *scopes: str) -> str:
+    """`turborag keys add NAME --keys FILE SCOPES...`: the new key."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from turborag.cli import app
+
+    r = CliRunner().invoke(app, ["keys", "add", name, "--keys", str(keys_file), *scopes, "--json"])
+    assert r.exit_code == 0, r.output
+    return json.loads(r.stdout.strip().splitlines()[-1])["key"]
+
+
+def health(url: str, timeout: float = 1.0) -> dict | None:
+    """The server's /health, or None while it does not answer."""
+    import httpx
+
+    try:
+        return httpx.get(f"{url}/health", timeout=timeout).json()
+    except httpx.HTTPError:
+        return None
+
+
+def served_subprocess(args: list[str], home: Path):
+    """`turborag serve ARGS` in a subprocess on a free loopback port (TURBORAG_HOME=home/home, its log in
+    home/serve.log), as a context manager yielding its URL once /health answers; stopped on exit."""
+    import contextlib
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    @contextlib.contextmanager
+    def run():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = {**os.environ, "TURBORAG_HOME": str(home / "home")}
+        cmd = [sys.executable, "-m", "turborag", "serve", *args, "--port", str(port)]
+        log = home / "serve.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.time() + 180
+            while not health(url):
+                assert proc.poll() is None and time.time() < deadline, log.read_text()
+                time.sleep(0.2)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    return run()

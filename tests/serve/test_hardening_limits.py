@@ -25,7 +25,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import ingest_collections
+from helpers import add_key, health, ingest_collections, served_subprocess
 from typer.testing import CliRunner
 
 from turborag.bench.serve import ServedApp
@@ -41,12 +41,6 @@ from turborag.store.write_quota import WriteQuota
 
 ADMIN = "sk-admin"
 RED = "# Red\n\nThe red tower stands on the red hill, and its bell rings at noon.\n"
-
-
-def add_key(keys_file: Path, name: str, *args: str) -> str:
-    r = CliRunner().invoke(app, ["keys", "add", name, "--keys", str(keys_file), *args, "--json"])
-    assert r.exit_code == 0, r.output
-    return json.loads(r.stdout.strip().splitlines()[-1])["key"]
 
 
 @pytest.fixture(scope="module")
@@ -169,43 +163,11 @@ def test_requests_are_tokenized_off_the_event_loop(served, monkeypatch):
 # -- 2. the event loop never tokenizes or parses a huge body ------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def real_server(tmp_path_factory, tiny_model_dir):
     """`turborag serve --model DIR` (no store, no key) in a subprocess on a loopback port."""
-    home = tmp_path_factory.mktemp("real")
-    env = {**os.environ, "TURBORAG_HOME": str(home / "home")}
-    port = _free_port()
-    cmd = [sys.executable, "-m", "turborag", "serve", "--model", tiny_model_dir, "--port", str(port)]
-    log = home / "serve.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 180
-        while not _health(url, 1.0):
-            assert proc.poll() is None and time.time() < deadline, log.read_text()
-            time.sleep(0.2)
+    with served_subprocess(["--model", tiny_model_dir], tmp_path_factory.mktemp("real")) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _health(url: str, timeout: float) -> dict | None:
-    try:
-        return httpx.get(f"{url}/health", timeout=timeout).json()
-    except httpx.HTTPError:
-        return None
 
 
 def _probe_health_while(url: str, send) -> tuple[httpx.Response, list[float]]:
@@ -270,11 +232,11 @@ def test_client_leaving_a_non_stream_request_frees_its_batch_slot(real_server):
     with socket.create_connection(("127.0.0.1", port)) as s:
         s.sendall(head + body)
         deadline = time.time() + 30
-        while _health(real_server, 5)["queue_depth"] != 1:  # queued or generating its 4000 tokens
+        while health(real_server, 5)["queue_depth"] != 1:  # queued or generating its 4000 tokens
             assert time.time() < deadline
             time.sleep(0.05)
     t0 = time.monotonic()  # the client has gone
-    while _health(real_server, 5)["queue_depth"] != 0:
+    while health(real_server, 5)["queue_depth"] != 0:
         assert time.monotonic() - t0 < 3, "the request went on generating for nobody"
         time.sleep(0.05)
     metrics = httpx.get(f"{real_server}/metrics").text

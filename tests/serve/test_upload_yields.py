@@ -5,41 +5,20 @@ caches at a time (serve/turns.py), instead of holding the model for all of its b
 
 from __future__ import annotations
 
-import json
-import os
-import socket
 import statistics
-import subprocess
-import sys
 import threading
 import time
 
 import httpx
 import pytest
-from helpers import ingest_collections
-from typer.testing import CliRunner
-
-from turborag.cli import app
+from helpers import add_key, health, ingest_collections, served_subprocess
 
 WORDS = "amber basalt cedar delta ember fjord garnet harbor indigo juniper kelp lagoon".split()
-
-
-def _key(keys_file, name: str, *scopes: str) -> str:
-    r = CliRunner().invoke(app, ["keys", "add", name, "--keys", str(keys_file), *scopes, "--json"])
-    assert r.exit_code == 0, r.output
-    return json.loads(r.stdout.strip().splitlines()[-1])["key"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, tiny_model_dir):
     home = tmp_path_factory.mktemp("tenants")
-    env = {**os.environ, "TURBORAG_HOME": str(home / "home")}
     store = home / "store"
     texts = {
         "hr": "# Leave\n\nStaff get 30 days of leave a year.\n",
@@ -48,35 +27,11 @@ def server(tmp_path_factory, tiny_model_dir):
     ingest_collections(store, home, texts, tiny_model_dir)
     keys_file = home / "keys.jsonl"
     keys = {
-        "a": _key(keys_file, "a", "--read", "hr", "--write", "hr"),
-        "b": _key(keys_file, "b", "--read", "eng"),
+        "a": add_key(keys_file, "a", "--read", "hr", "--write", "hr"),
+        "b": add_key(keys_file, "b", "--read", "eng"),
     }
-    port = _free_port()
-    cmd = [sys.executable, "-m", "turborag", "serve", "--store", str(store), "--keys", str(keys_file)]
-    log = home / "serve.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen([*cmd, "--port", str(port)], env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 180
-        while not _health(url):
-            assert proc.poll() is None and time.time() < deadline, log.read_text()
-            time.sleep(0.2)
+    with served_subprocess(["--store", str(store), "--keys", str(keys_file)], home) as url:
         yield url, keys
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _health(url: str) -> dict | None:
-    try:
-        return httpx.get(f"{url}/health", timeout=1.0).json()
-    except httpx.HTTPError:
-        return None
 
 
 def _ttft(http: httpx.Client, key: str) -> float:
@@ -123,7 +78,7 @@ def test_a_short_chat_and_a_list_are_answered_while_another_key_uploads(server):
         uploader = threading.Thread(target=upload)
         uploader.start()
         deadline = time.monotonic() + 30
-        while (_health(url) or {}).get("queue_depth", 0) < 1:  # the upload has reached the model
+        while (health(url) or {}).get("queue_depth", 0) < 1:  # the upload has reached the model
             assert time.monotonic() < deadline and uploader.is_alive(), uploaded
             time.sleep(0.05)
         time.sleep(0.5)  # into its batches of caches
