@@ -3,8 +3,10 @@ the best recorded next to the model, and `--mode auto` answering in it with its 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from helpers import CORPUS, QUESTIONS, cli_json
@@ -136,3 +138,20 @@ def test_auto_says_when_the_pick_is_slow_or_the_calibration_thin(gemma_lm, tmp_p
     gemma_lm.calibration.update(full_accuracy=12 / 30, accuracy=12 / 30, ttft_s_p50=0.12)
     notice = Engine(gemma_lm, KVStore(tmp_path, cache_format="float32")).auto_notice()
     assert notice == "tiny-gemma3: `auto` answers in turbo-ape-epic, as `turborag calibrate` chose"
+
+
+def test_the_named_qwen_ships_its_calibration_and_a_users_own_comes_first(model_copy):
+    """Qwen by name answers `auto` in the mode its shipped record chose, measured on our own questions
+    (never an evaluation set); a calibration the user records next to the model replaces it."""
+    from turborag.core.defaults import QWEN_MODEL
+    from turborag.core.model import calibration
+
+    (model_copy / CALIBRATION_FILE).unlink(missing_ok=True)
+    shipped = calibration(model_copy, QWEN_MODEL)
+    assert shipped["mode"] == "turbo" and shipped["model"] == QWEN_MODEL
+    data = Path(__file__).parents[2] / shipped["data"]["path"]  # our training data, in the repository
+    assert shipped["data"]["path"].startswith("turborag_research/data/") and shipped["n"] >= 30
+    assert hashlib.sha256(data.read_bytes()).hexdigest() == shipped["data"]["sha256"]
+    assert calibration(model_copy, "some/other/model") is None
+    (model_copy / CALIBRATION_FILE).write_text(json.dumps({"mode": "turbo-blend", "settings": {}}))
+    assert calibration(model_copy, QWEN_MODEL)["mode"] == "turbo-blend"

