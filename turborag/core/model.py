@@ -225,15 +225,20 @@ def model_dir_for(spec: str) -> Path:
     raise ModelError(f"not a model: {spec} (a folder needs config.json; a file must end in .gguf)")
 
 
+def shipped_file(kind: str, name: str) -> Path:
+    """A file or folder shipped in the package under turborag/data/<kind>/ (adapters, calibrations)."""
+    from importlib.resources import files
+
+    return Path(str(files("turborag").joinpath("data", kind, name)))
+
+
 SHIPPED_ADAPTERS = {"gemma-3-270m-turbo": "gemma-3-270m-turbo"}  # spec -> folder under turborag/data/adapters
 
 
 def adapter_dir_for(spec: str) -> Path | None:
     """A LoRA adapter folder (written by `turborag finetune`) named by `spec`, or None."""
     if spec in SHIPPED_ADAPTERS:
-        from importlib.resources import files
-
-        return Path(str(files("turborag").joinpath("data/adapters", SHIPPED_ADAPTERS[spec])))
+        return shipped_file("adapters", SHIPPED_ADAPTERS[spec])
     path = Path(spec).expanduser()
     if path.is_dir() and (path / "adapter_config.json").exists():
         return path
@@ -398,9 +403,7 @@ def calibration(folder: Path, spec: str | None = None) -> dict | None:
     the training-free mode, its settings and what it measured), else the one shipped for `spec`, or None."""
     path = folder / CALIBRATION_FILE
     if not path.exists() and spec in SHIPPED_CALIBRATIONS:
-        from importlib.resources import files
-
-        path = Path(str(files("turborag").joinpath("data/calibrations", SHIPPED_CALIBRATIONS[spec])))
+        path = shipped_file("calibrations", SHIPPED_CALIBRATIONS[spec])
     if not path.exists():
         return None
     try:
