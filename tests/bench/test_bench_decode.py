@@ -49,8 +49,8 @@ def test_rows_count_each_sequences_tokens(tmp_path):
 def test_int8_copies_are_the_bytes_a_few_sequences_read():
     model = make("gemma3")  # tied output layer
     floats = decode.weight_bytes(model)
-    decode_weights.use_int8_decode(model)
-    linears = [m for m in model.modules() if isinstance(m, decode_weights.Int8DecodeLinear)]
+    decode_weights.use_decode_weights(model, "int8")
+    linears = [m for m in model.modules() if isinstance(m, decode_weights.DecodeLinear)]
     saved = sum(m.weight.numel() * 4 - m.qweight.numel() - m.qscale.numel() * 2 for m in linears)
     assert decode.weight_bytes(model, 1) == floats - saved
     assert decode.weight_bytes(model, decode_weights.FEW_ROWS + 1) == floats  # a large batch reads floats
@@ -93,9 +93,9 @@ def test_cli_json(tiny_model_dir, env):
 
 
 def test_bad_weights_are_refused(tiny_model_dir, env):
-    args = ["bench", "decode", "--model", tiny_model_dir, "--weights", "int4"]
+    args = ["bench", "decode", "--model", tiny_model_dir, "--weights", "int3"]
     result = runner.invoke(app, args)
-    assert result.exit_code == 2 and "float and int8" in result.output
+    assert result.exit_code == 2 and "float, int8 and int4" in result.output
 
 
 def test_llama_cpp_auto_needs_a_model_converted_from_a_gguf(tiny_model_dir, env):

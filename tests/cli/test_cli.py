@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from typer.testing import CliRunner
 
 from turborag.cli import app
@@ -44,17 +45,19 @@ def test_eval_json_reports_every_mode(tiny_model_dir, env):
     assert "line 6: not valid JSON" in r.stderr
 
 
-def test_eval_with_int8_decode_weights(tiny_model_dir, env):
-    """`--decode-weights int8` answers in every mode, recorded in the JSON; an unknown kind is refused."""
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_eval_with_quantized_decode_weights(tiny_model_dir, env, kind):
+    """`--decode-weights int8|int4` answers in every mode, recorded in the JSON; an unknown kind is
+    refused."""
     data = env / "d.jsonl"
     write_jsonl(generate(3, 2, seed=3), data)
     args = ["eval", str(data), "--model", tiny_model_dir, "--json", "--modes", "full,turbo", "--limit", "2"]
-    r = runner.invoke(app, [*args, "--decode-weights", "int8", "--max-new-tokens", "4"])
+    r = runner.invoke(app, [*args, "--decode-weights", kind, "--max-new-tokens", "4"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert out["decode_weights"] == "int8" and out["modes"]["turbo"]["n"] == 2
-    r = runner.invoke(app, [*args, "--decode-weights", "int4"])
-    assert r.exit_code == 2 and "use float or int8" in r.output
+    assert out["decode_weights"] == kind and out["modes"]["turbo"]["n"] == 2
+    r = runner.invoke(app, [*args, "--decode-weights", "int3"])
+    assert r.exit_code == 2 and "use float, int8 or int4" in r.output
 
 
 def test_eval_abstain_threshold_scores_and_abstains(tiny_model_dir, env):

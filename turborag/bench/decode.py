@@ -28,7 +28,7 @@ from turborag.core.generate import DecodeState, SamplingParams
 
 @dataclass
 class DecodeRow:
-    weights: str  # what decode steps read: "float" (the model's dtype) or "int8" (decode_weights.py)
+    weights: str  # what decode steps read: "float" (the model's dtype), "int8" or "int4" (decode_weights.py)
     sequences: int
     steps: int  # decode steps timed, each one token per sequence
     seconds: float
@@ -65,15 +65,14 @@ def memory_bandwidth(buffer_bytes: int = 1 << 30, repeats: int = 5) -> Bandwidth
 def weight_bytes(model: torch.nn.Module, sequences: int = 1) -> int:
     """Bytes of the weights one decode step of `sequences` sequences reads: every parameter (a tied output
     layer counted once), less an untied input embedding, of which a step reads one row per sequence; a
-    layer with an int8 copy that the step uses (decode_weights.py) counts the copy instead."""
+    layer with a quantized copy that the step uses (decode_weights.py) counts the copy instead."""
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     emb, head = model.get_input_embeddings(), model.get_output_embeddings()
     if head is None or head.weight is not emb.weight:
         total -= emb.weight.numel() * emb.weight.element_size()
     for m in model.modules():
-        if isinstance(m, decode_weights.Int8DecodeLinear) and sequences <= m.few_rows:
-            total += m.qweight.numel() + m.qscale.numel() * m.qscale.element_size()
-            total -= m.weight.numel() * m.weight.element_size()
+        if isinstance(m, decode_weights.DecodeLinear) and sequences <= m.few_rows:
+            total += decode_weights.copy_bytes(m) - m.weight.numel() * m.weight.element_size()
     return total
 
 

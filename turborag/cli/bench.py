@@ -356,7 +356,7 @@ def bench_decode_cmd(
     steps: int = typer.Option(32, min=2, help="decode steps timed per run (one token per sequence each)"),
     context_tokens: int = typer.Option(512, min=16, help="passage tokens every sequence answers from"),
     weights: str = typer.Option(
-        "float,int8", help="comma-separated weights decode steps read, measured in turn: float, int8"
+        "float,int8", help="comma-separated weights decode steps read, measured in turn: float, int8, int4"
     ),
     llama_cpp: str = typer.Option(
         None,
@@ -376,11 +376,12 @@ def bench_decode_cmd(
     the machine's memory bandwidth sets; llama.cpp's tokens/s beside them."""
     counts = int_list(sequences, "--sequences")
     kinds = [w.strip() for w in weights.split(",") if w.strip()]
-    if not kinds or set(kinds) - {"float", "int8"} or kinds != sorted(set(kinds), key=kinds.index):
-        fail(f"--weights {weights}: a list of float and int8, each once")
+    if not kinds or set(kinds) - {"float", "int8", "int4"} or kinds != sorted(set(kinds), key=kinds.index):
+        fail(f"--weights {weights}: a list of float, int8 and int4, each once")
     import torch  # after the argument checks
 
     from turborag.bench import decode
+    from turborag.core import decode_weights
     from turborag.core.engine import Engine
 
     engine = _engine_for_sizes([context_tokens], model, device, store, template, dtype)
@@ -388,9 +389,10 @@ def bench_decode_cmd(
     log = (lambda line: None) if as_json else progress
     bandwidth = decode.memory_bandwidth()
     rows = []
-    for kind in sorted(kinds, key=["float", "int8"].index):  # int8 copies stay on the model: float first
-        if kind == "int8":
-            options = dataclasses.replace(engine.options, decode_weights="int8")
+    for kind in sorted(kinds, key=["float", "int8", "int4"].index):  # float first: the model's own
+        if kind != "float":
+            decode_weights.drop_decode_weights(engine.lm.model)  # the previous kind's copies
+            options = dataclasses.replace(engine.options, decode_weights=kind)
             try:
                 engine = Engine(engine.lm, engine.store, options)
             except ModelError as e:  # off the CPU

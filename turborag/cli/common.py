@@ -79,8 +79,9 @@ NameCheckOpt = typer.Option(
 DecodeWeightsOpt = typer.Option(
     "float",
     "--decode-weights",
-    help="weights the decode steps read: float (the model's) or int8 (8-bit copies, CPU only: fewer bytes "
-    "per token; prefills and stored caches keep the float weights)",
+    help="weights the decode steps read: float (the model's), int8 (8-bit copies) or int4 (4-bit copies of "
+    "the layers a Q4 GGUF holds exactly, int8 for the rest); the copies are CPU only, fewer bytes per "
+    "token; prefills and stored caches keep the float weights",
 )
 
 

@@ -163,10 +163,11 @@ class Engine:
 
     def __init__(self, lm: LoadedModel, store: KVStore, options: EngineOptions | None = None):
         options = options or EngineOptions()
-        if options.decode_weights == "int8":
-            decode_weights.use_int8_decode(lm.model)  # int8 copies beside the weights, once per model
-        elif decode_weights.has_int8(lm.model):
-            raise ValueError("this model decodes with int8 weights (decode_weights='int8'); load it again")
+        kind = decode_weights.kind_of(lm.model)
+        if options.decode_weights != "float":
+            decode_weights.use_decode_weights(lm.model, options.decode_weights)  # copies beside the weights, once
+        elif kind != "float":
+            raise ValueError(f"this model decodes with {kind} weights (decode_weights={kind!r}); load it again")
         self.lm = lm
         self.options = options
         self.layout = PromptLayout(lm.tokenizer, options.template)

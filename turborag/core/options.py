@@ -48,8 +48,8 @@ class EngineOptions:
     ram_cache_bytes: int = 0  # the RAM tier's budget for decoded chunk caches (store/tiered.py)
     prefix_block: int = 64  # the plain-prompt prefix cache's block, in tokens (prefix_cache.py)
     prefix_cache_tokens: int = 32768  # and its capacity
-    # The weights decode steps read: "float" (the model's), or "int8" copies on a CPU (decode_weights.py);
-    # prefills always read the model's own, so the caches are the same either way.
+    # The weights decode steps read: "float" (the model's), or "int8" / "int4" copies on a CPU
+    # (decode_weights.py); prefills always read the model's own, so the caches are the same either way.
     decode_weights: str = "float"
     # Key chunk caches per collection (a store's `--isolate-collections`): no cache is shared, so a request
     # cannot tell by its speed which passages another collection holds.
@@ -72,7 +72,7 @@ class EngineOptions:
             raise ValueError("prefill_step must be at least 1")
         if self.batch_size < 1 or self.prefix_block < 1 or self.prefix_cache_tokens < 0:
             raise ValueError("batch_size and prefix_block must be >= 1, prefix_cache_tokens >= 0")
-        if self.decode_weights not in ("float", "int8"):
-            raise ValueError(f"unknown decode weights {self.decode_weights!r}: use float or int8")
+        if self.decode_weights not in ("float", "int8", "int4"):
+            raise ValueError(f"unknown decode weights {self.decode_weights!r}: use float, int8 or int4")
         if self.ram_cache_bytes < 0:
             raise ValueError(f"the RAM tier budget must be >= 0 bytes, got {self.ram_cache_bytes}")
