@@ -104,8 +104,8 @@ def _level_candidates(groups: torch.Tensor, span: torch.Tensor) -> list[torch.Te
 
 
 def _grid4_block(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """One block of rows (b, in) float32 -> its 4-bit grid (q (b, in) in 0..15, step (b, G), offset (b, G) with
-    w = offset + step * q), or None when some group of `group` inputs does not lie on one.
+    """One block of rows (b, in) float32 -> its 4-bit grid (q (b, in) in 0..15, step (b, G), offset (b, G)
+    with w = offset + step * q), or None when some group of `group` inputs does not lie on one.
 
     A group lies on a grid whose offset is its least value and whose step is its span over a whole number
     of steps up to 15. A Q4 block uses its whole range most often, so 15 is tried on every group first, and
@@ -165,11 +165,11 @@ class DecodeLinear(nn.Linear):
         rows = x.numel() // x.shape[-1]
         if not _DECODING.get() or rows > self.few_rows or x.device.type != "cpu":
             return self.float_forward(x)
-        flat = x.reshape(rows, x.shape[-1]).to(torch.bfloat16)  # (R, in)
+        flat = x.reshape(rows, x.shape[-1]).to(torch.bfloat16)  # (R, in); the product is (R, out)
         if self.bits == 4:
-            out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.qweight, GROUP, self.qscale)  # (R, out)
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(flat, self.qweight, GROUP, self.qscale)
         else:
-            out = torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.qscale)  # (R, out)
+            out = torch.ops.aten._weight_int8pack_mm(flat, self.qweight, self.qscale)
         out = out.to(x.dtype)
         if self.bias is not None:
             out = out + self.bias

@@ -165,9 +165,11 @@ class Engine:
         options = options or EngineOptions()
         kind = decode_weights.kind_of(lm.model)
         if options.decode_weights != "float":
-            decode_weights.use_decode_weights(lm.model, options.decode_weights)  # copies beside the weights, once
+            decode_weights.use_decode_weights(lm.model, options.decode_weights)  # copies beside the weights
         elif kind != "float":
-            raise ValueError(f"this model decodes with {kind} weights (decode_weights={kind!r}); load it again")
+            raise ValueError(
+                f"this model decodes with {kind} weights (decode_weights={kind!r}): load it again"
+            )
         self.lm = lm
         self.options = options
         self.layout = PromptLayout(lm.tokenizer, options.template)
