@@ -253,3 +253,33 @@ def test_a_model_with_copies_of_one_kind_refuses_the_other():
     assert dw.use_decode_weights(model, "int4") == _linears(model) and dw.kind_of(model) == "int4"
     with pytest.raises(ValueError, match="unknown decode weights"):
         dw.use_decode_weights(model, "float")
+
+
+def test_copies_kept_on_disk_are_read_back_not_made_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(dw, "KEEP_WEIGHTS", 0)  # a tiny model keeps its copies as a real one does
+    keep = tmp_path / "fp-int4.safetensors"
+    first = _snap4(make("qwen2"))
+    dw.use_decode_weights(first, "int4", keep)
+    assert keep.is_file()
+
+    def made_again(*args, **kwargs):
+        raise AssertionError("the copies were made again")
+
+    monkeypatch.setattr(dw, "grid4", made_again)
+    monkeypatch.setattr(dw, "_quantize_int8", made_again)
+    second = _snap4(make("qwen2"))
+    assert dw.use_decode_weights(second, "int4", keep) == _linears(second)
+    for (name, a), b in zip(first.named_modules(), second.modules(), strict=True):
+        if isinstance(a, dw.DecodeLinear):
+            assert (a.bits, a.few_rows) == (b.bits, b.few_rows), name
+            assert torch.equal(a.qweight, b.qweight) and torch.equal(a.qscale, b.qscale), name
+
+
+def test_a_damaged_kept_file_is_made_again(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(dw, "KEEP_WEIGHTS", 0)
+    keep = tmp_path / "fp-int8.safetensors"
+    keep.write_bytes(b"not a safetensors file")
+    model = make("llama")
+    assert dw.use_decode_weights(model, "int8", keep) == _linears(model)
+    assert "unreadable" in caplog.text
+    assert dw.kind_of(model) == "int8" and len(dw._read_copies(keep)) == 2 * _linears(model)

@@ -29,8 +29,12 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import os
+from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from turborag.core.errors import ModelError
@@ -44,6 +48,7 @@ FEW_ROWS = 16
 FEW_ROWS_BF16 = 4
 FEW_ROWS_INT4 = 8
 GROUP = 32  # inputs per 4-bit scale and offset: one Q4_K sub-block
+KEEP_WEIGHTS = 100_000_000  # a model with more linear weights keeps its copies on disk (use_decode_weights)
 WEIGHTS = ("float", "int8", "int4")  # what `decode_weights` takes
 _DECODING = contextvars.ContextVar("turborag_decoding", default=False)
 log = logging.getLogger(__name__)
@@ -186,12 +191,38 @@ class DecodeHead(DecodeLinear):
         return FewRowsLinear.forward(self, x)
 
 
-def use_decode_weights(model: nn.Module, kind: str = "int8") -> int:
+def _read_copies(path: Path) -> dict[str, torch.Tensor] | None:
+    """The copies kept in `path` by an earlier load of the same model, or None (missing or unreadable: they
+    are made again)."""
+    try:
+        return load_file(path)
+    except (OSError, ValueError, RuntimeError, SafetensorError) as e:
+        if path.exists():
+            log.warning("decode weight copies in %s unreadable (%s): making them again", path, e)
+        return None
+
+
+def _keep_copies(path: Path, copies: dict[str, torch.Tensor]) -> None:
+    """Write the copies to `path` through a temp file and one rename; a home we cannot write to only means
+    they are made again next time."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
+        save_file(copies, tmp)
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("could not keep the decode weight copies in %s: %s", path, e)
+
+
+def use_decode_weights(model: nn.Module, kind: str = "int8", keep: Path | None = None) -> int:
     """Give every linear layer of the model a quantized copy for decode steps ("int8", or "int4" where the
     weights lie on a 4-bit grid and int8 elsewhere); returns how many layers got one (0 when the model has
     these copies already).
 
     The model's weights, state dict and fingerprint are unchanged (the copies are non-persistent buffers).
+    With `keep` (a file named by the model's fingerprint and `kind`) the copies of a model of more than
+    `KEEP_WEIGHTS` weights are read from there when an earlier load wrote them, else made and written there:
+    making the 4-bit ones takes half a minute for a 1.5B model on 2 cores, reading them a second.
     Refused off the CPU (the kernels are CPU ones), and on a model that has the other kind of copies
     (drop_decode_weights first)."""
     if kind not in WEIGHTS[1:]:
@@ -204,28 +235,36 @@ def use_decode_weights(model: nn.Module, kind: str = "int8") -> int:
     if kind_of(model) != "float":
         raise ModelError(f"the model decodes with {kind_of(model)} weights already: load it again for {kind}")
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    weights = sum(m.weight.numel() for m in model.modules() if type(m) in (nn.Linear, FewRowsLinear))
-    if weights > 100_000_000:  # a real model: seconds (int8) to half a minute (int4, a 1.5B) on 2 cores
+    layers = [
+        (name, m)
+        for name, m in model.named_modules()
+        # an adapter's own low-rank layers stay float: they are small and delicate
+        if type(m) in (nn.Linear, FewRowsLinear) and "lora_" not in name
+    ]
+    weights = sum(m.weight.numel() for _, m in layers)
+    keep = keep if weights > KEEP_WEIGHTS else None
+    kept = _read_copies(keep) if keep is not None else None
+    if kept is None and weights > KEEP_WEIGHTS:
         log.warning("making %s copies of %.2fB weights for decode steps", kind, weights / 1e9)
-    count = 0
-    for name, module in model.named_modules():
-        if type(module) not in (nn.Linear, FewRowsLinear):
-            continue
-        if "lora_" in name:  # an adapter's own low-rank layers stay float: they are small and delicate
-            continue
-        four = grid4(module.weight) if kind == "int4" else None
-        if four is not None:
-            packed, sz = four
-            bits, few_rows = 4, FEW_ROWS_INT4
+    made = 0
+    for name, module in layers:
+        if kept is not None and f"{name}.qweight" in kept and f"{name}.qscale" in kept:
+            packed, sz = kept[f"{name}.qweight"], kept[f"{name}.qscale"]
         else:
-            packed, sz = _quantize_int8(module.weight)
-            bits, few_rows = 8, FEW_ROWS_BF16 if module.weight.dtype == torch.bfloat16 else FEW_ROWS
+            four = grid4(module.weight) if kind == "int4" else None
+            packed, sz = four if four is not None else _quantize_int8(module.weight)
+            made += 1
+        bits = 8 if packed.dtype == torch.int8 else 4  # int8: (out, in) int8; 4 bits: the kernel's uint8
         module.register_buffer("qweight", packed, persistent=False)
         module.register_buffer("qscale", sz, persistent=False)
         module.__class__ = DecodeHead if module is head else DecodeLinear
-        module.kind, module.bits, module.few_rows = kind, bits, few_rows
-        count += 1
-    return count
+        module.kind, module.bits = kind, bits
+        bf16 = module.weight.dtype == torch.bfloat16
+        module.few_rows = FEW_ROWS_INT4 if bits == 4 else FEW_ROWS_BF16 if bf16 else FEW_ROWS
+    if keep is not None and made:
+        copies = {f"{n}.{b}": getattr(m, b).contiguous() for n, m in layers for b in ("qweight", "qscale")}
+        _keep_copies(keep, copies)
+    return len(layers)
 
 
 def drop_decode_weights(model: nn.Module) -> int:

@@ -37,6 +37,7 @@ from turborag.core.defaults import (
     CALIBRATION_SLOWER,
     CALIBRATION_WITHIN,
     UNTUNED_MODE,
+    turborag_home,
 )
 from turborag.core.feeds import Feed
 from turborag.core.generate import DecodeState, SamplingParams
@@ -165,7 +166,12 @@ class Engine:
         options = options or EngineOptions()
         kind = decode_weights.kind_of(lm.model)
         if options.decode_weights != "float":
-            decode_weights.use_decode_weights(lm.model, options.decode_weights)  # copies beside the weights
+            keep = (
+                turborag_home() / "decode-weights" / f"{lm.fingerprint}-{options.decode_weights}.safetensors"
+            )
+            decode_weights.use_decode_weights(
+                lm.model, options.decode_weights, keep
+            )  # copies beside the weights
         elif kind != "float":
             raise ValueError(
                 f"this model decodes with {kind} weights (decode_weights={kind!r}): load it again"
