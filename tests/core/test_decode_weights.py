@@ -121,8 +121,14 @@ def test_stored_caches_and_the_first_token_are_the_float_models(tmp_path):
         assert fa.token_ids[0] == ia.token_ids[0] and len(ia.token_ids) == 8
 
 
-def test_batched_decode_gives_each_row_its_own_logits(tmp_path):
-    engine = Engine(_lm(), KVStore(tmp_path, cache_format="float32"), EngineOptions(decode_weights="int8"))
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_batched_decode_gives_each_row_its_own_logits(tmp_path, kind):
+    lm = _lm()
+    _snap4(lm.model)  # the 4-bit copies are made (layers on a grid), not int8 ones
+    engine = Engine(lm, KVStore(tmp_path, cache_format="float32"), EngineOptions(decode_weights=kind))
+    assert any(
+        m.bits == (4 if kind == "int4" else 8) for m in lm.model.modules() if isinstance(m, dw.DecodeLinear)
+    )
     params = SamplingParams(max_new_tokens=6, min_tokens=6)
     alone, together = [], []
     for q in (Q, "What did Bob do?"):
@@ -283,3 +289,9 @@ def test_a_damaged_kept_file_is_made_again(tmp_path, monkeypatch, caplog):
     assert dw.use_decode_weights(model, "int8", keep) == _linears(model)
     assert "unreadable" in caplog.text
     assert dw.kind_of(model) == "int8" and len(dw._read_copies(keep)) == 2 * _linears(model)
+
+
+def test_a_torch_without_the_kernel_is_refused_clearly(monkeypatch):
+    monkeypatch.setitem(dw.KERNELS, "int4", ("_weight_int8pack_mm", "_no_such_int4_kernel"))
+    with pytest.raises(ModelError, match="_no_such_int4_kernel.*--decode-weights float"):
+        dw.use_decode_weights(make("llama"), "int4")

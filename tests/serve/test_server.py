@@ -408,13 +408,15 @@ def test_bench_serve_small(tiny_model_dir, tmp_path, monkeypatch):
 
 def test_bench_serve_fixed_answer_length(tiny_model_dir, tmp_path, monkeypatch):
     """--min-tokens = --max-tokens: every answer of both loads is exactly that long (min_tokens reaches the
-    engine through the request), so tokens/s compares the same work at both batch widths."""
+    engine through the request), so tokens/s compares the same work at both batch widths; the batched
+    decode runs on quantized decode weights too."""
     monkeypatch.setenv("TURBORAG_HOME", str(tmp_path))
     args = ["bench", "serve", "--model", tiny_model_dir, "--clients", "3", "--rounds", "1", "--steps", "2"]
     args += ["--system-tokens", "100", "--max-tokens", "6", "--min-tokens", "6", "--sweep", "", "--json"]
-    r = CliRunner().invoke(app, args)
+    r = CliRunner().invoke(app, [*args, "--decode-weights", "int4"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["decode_weights"] == "int4"
     for load in (out["load"], out["load_max_batch_1"]):
         assert load["errors"] == 0 and load["min_tokens"] == 6
         assert round(load["tokens_per_s"] * load["seconds"]) == 3 * 6
@@ -423,3 +425,5 @@ def test_bench_serve_fixed_answer_length(tiny_model_dir, tmp_path, monkeypatch):
         app, ["bench", "serve", "--model", tiny_model_dir, "--max-tokens", "4", "--min-tokens", "5"]
     )
     assert bad.exit_code == 2 and "more than --max-tokens" in bad.output
+    bad = CliRunner().invoke(app, ["bench", "serve", "--model", tiny_model_dir, "--decode-weights", "int3"])
+    assert bad.exit_code == 2 and "use float, int8 or int4" in bad.output

@@ -11,12 +11,14 @@ from rich.console import Console
 from rich.table import Table
 
 from turborag.cli.common import (
+    DecodeWeightsOpt,
     DeviceOpt,
     DtypeOpt,
     JsonOpt,
     ModelOpt,
     PlotOpt,
     TemplateOpt,
+    answer_options,
     check_plot,
     console,
     fail,
@@ -511,6 +513,7 @@ def bench_serve_cmd(
     model: str = ModelOpt,
     device: str = DeviceOpt,
     dtype: str = DtypeOpt,
+    decode_weights: str = DecodeWeightsOpt,
     as_json: bool = typer.Option(False, "--json"),
     plot: Path = PlotOpt,
 ) -> None:
@@ -527,7 +530,8 @@ def bench_serve_cmd(
     counts = int_list(sweep, "--sweep") if sweep.strip() else []
     if counts and max(counts) > 256:
         fail(f"--sweep counts clients, at most 256, got {max(counts)}")
-    served = served_for(None, model, device, 8, use_store=False, dtype=dtype)
+    options = answer_options(None, None, decode_weights)  # a bad kind is refused before the model loads
+    served = served_for(None, model, device, 8, use_store=False, dtype=dtype, options=options)
 
     def measure(n: int, width: int, share: float = 0.0) -> dict:
         return bench_load(
@@ -550,7 +554,8 @@ def bench_serve_cmd(
     mixed = {width: measure(clients, width, full_share) for width in (1, max_batch)} if full_share else {}
     agent = bench_agent(served, steps, system_tokens)
     ratios = _serve_ratios(alone, load, mixed.get(max_batch))
-    out = {"model": model, "device": device, "load": load, "load_max_batch_1": alone, "ratios": ratios}
+    out = {"model": model, "device": device, "decode_weights": decode_weights, "load": load}
+    out |= {"load_max_batch_1": alone, "ratios": ratios}
     if mixed:
         out["mixed"], out["mixed_max_batch_1"] = mixed[max_batch], mixed[1]
     if counts:

@@ -50,6 +50,8 @@ FEW_ROWS_INT4 = 8
 GROUP = 32  # inputs per 4-bit scale and offset: one Q4_K sub-block
 KEEP_WEIGHTS = 100_000_000  # a model with more linear weights keeps its copies on disk (use_decode_weights)
 WEIGHTS = ("float", "int8", "int4")  # what `decode_weights` takes
+# PyTorch's CPU kernel each kind multiplies with (int4 also needs int8's, for the layers off the grid)
+KERNELS = {"int8": ("_weight_int8pack_mm",), "int4": ("_weight_int8pack_mm", "_weight_int4pack_mm_for_cpu")}
 _DECODING = contextvars.ContextVar("turborag_decoding", default=False)
 log = logging.getLogger(__name__)
 
@@ -230,6 +232,12 @@ def use_decode_weights(model: nn.Module, kind: str = "int8", keep: Path | None =
     device = next(model.parameters()).device
     if device.type != "cpu":
         raise ModelError(f"{kind} decode weights run on the CPU only (the model is on {device})")
+    missing = [op for op in KERNELS[kind] if not hasattr(torch.ops.aten, op)]
+    if missing:
+        raise ModelError(
+            f"{kind} decode weights need PyTorch's CPU kernel {missing[0]}, which torch "
+            f"{torch.__version__} lacks: use --decode-weights float, or a newer torch"
+        )
     if kind_of(model) == kind:
         return 0
     if kind_of(model) != "float":
