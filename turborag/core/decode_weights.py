@@ -2,10 +2,11 @@
 of their weights (on a CPU, for a few sequences); everywhere else, their own weights.
 
 A decode step runs one token per sequence through every weight: on a CPU it is bound by memory bandwidth,
-and an int8 copy is half the bytes of bf16, a 4-bit one about a quarter. A prefill runs hundreds of rows, is
-bound by arithmetic, and keeps the model's own weights: so the chunk caches, the prefix cache and every
-prefill are exactly the unquantized model's, the store and the model's fingerprint are shared with it, and
-only the tokens a decode step produces (and the K/V it writes for them) come from the copies.
+and an int8 copy is half the bytes of bf16, a 4-bit one with its scales under a third. A prefill runs
+hundreds of rows, is bound by arithmetic, and keeps the model's own weights: so the chunk caches, the
+prefix cache and every prefill are exactly the unquantized model's, the store and the model's fingerprint
+are shared with it, and only the tokens a decode step produces (and the K/V it writes for them) come from
+the copies.
 
 The products are PyTorch's CPU weight-only kernels, fast with bf16 activations (the few rows are cast to
 bf16 for them and the result back to the compute dtype; a layer's bias, such as Qwen's q/k/v, is added
@@ -16,7 +17,8 @@ after):
   for the layers whose weights already lie on such a grid: a model dequantized from a Q4 GGUF (Q4_K's
   sub-blocks are 32 wide), where the 4-bit copy is the file's own values. Only the scale and offset are
   rounded to bf16, about the error of the bf16 weights themselves. Every other layer (a GGUF's Q6_K ones, a
-  model trained in float) gets the int8 copy: "int4" never quantizes coarser than the model already is.
+  model trained in float) gets the int8 copy: "int4" adds no 4-bit rounding the model does not have
+  already.
 
 A decode step of more sequences than a layer's `few_rows`, or one not on the CPU, runs the float weights.
 Only the engine's decode steps (Engine.step, DecodeBatch.step) enter `decoding()`: a prefill of a few
