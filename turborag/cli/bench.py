@@ -28,7 +28,13 @@ from turborag.cli.common import (
     write_plot,
 )
 from turborag.cli.loading import engine_for, load_engine, open_catalog
-from turborag.core.defaults import DEFAULT_MAX_BATCH, DEFAULT_MODEL, DEFAULT_PREFILL_BUDGET, turborag_home
+from turborag.core.defaults import (
+    DECODE_WEIGHTS,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MODEL,
+    DEFAULT_PREFILL_BUDGET,
+    turborag_home,
+)
 from turborag.core.errors import ModelError
 from turborag.core.options import EngineOptions
 
@@ -378,7 +384,7 @@ def bench_decode_cmd(
     the machine's memory bandwidth sets; llama.cpp's tokens/s beside them."""
     counts = int_list(sequences, "--sequences")
     kinds = [w.strip() for w in weights.split(",") if w.strip()]
-    if not kinds or set(kinds) - {"float", "int8", "int4"} or kinds != sorted(set(kinds), key=kinds.index):
+    if not kinds or set(kinds) - set(DECODE_WEIGHTS) or kinds != sorted(set(kinds), key=kinds.index):
         fail(f"--weights {weights}: a list of float, int8 and int4, each once")
     import torch  # after the argument checks
 
@@ -391,7 +397,7 @@ def bench_decode_cmd(
     log = (lambda line: None) if as_json else progress
     bandwidth = decode.memory_bandwidth()
     rows = []
-    for kind in sorted(kinds, key=["float", "int8", "int4"].index):  # float first: the model's own
+    for kind in sorted(kinds, key=DECODE_WEIGHTS.index):  # float first: the model's own
         if kind != "float":
             decode_weights.drop_decode_weights(engine.lm.model)  # the previous kind's copies
             options = dataclasses.replace(engine.options, decode_weights=kind)

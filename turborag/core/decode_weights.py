@@ -39,6 +39,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from turborag.core.defaults import DECODE_WEIGHTS
 from turborag.core.errors import ModelError
 from turborag.core.head import FewRowsLinear
 
@@ -51,7 +52,7 @@ FEW_ROWS_BF16 = 4
 FEW_ROWS_INT4 = 8
 GROUP = 32  # inputs per 4-bit scale and offset: one Q4_K sub-block
 KEEP_WEIGHTS = 100_000_000  # a model with more linear weights keeps its copies on disk (use_decode_weights)
-WEIGHTS = ("float", "int8", "int4")  # what `decode_weights` takes
+WEIGHTS = DECODE_WEIGHTS  # what `decode_weights` takes
 # PyTorch's CPU kernel each kind multiplies with (int4 also needs int8's, for the layers off the grid)
 KERNELS = {"int8": ("_weight_int8pack_mm",), "int4": ("_weight_int8pack_mm", "_weight_int4pack_mm_for_cpu")}
 _DECODING = contextvars.ContextVar("turborag_decoding", default=False)

@@ -25,6 +25,8 @@ CALIBRATION_WITHIN = 0.03
 CALIBRATION_SLOWER = 1.5
 CALIBRATION_FEW_RIGHT = 10
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+# what decode steps may read: the model's own weights or quantized copies (core/decode_weights.py)
+DECODE_WEIGHTS = ("float", "int8", "int4")
 
 
 def turborag_home() -> Path:

@@ -166,12 +166,11 @@ class Engine:
         options = options or EngineOptions()
         kind = decode_weights.kind_of(lm.model)
         if options.decode_weights != "float":
-            keep = (
-                turborag_home() / "decode-weights" / f"{lm.fingerprint}-{options.decode_weights}.safetensors"
-            )
+            # copies beside the weights, kept on disk under the model's fingerprint
+            kept = f"{lm.fingerprint}-{options.decode_weights}.safetensors"
             decode_weights.use_decode_weights(
-                lm.model, options.decode_weights, keep
-            )  # copies beside the weights
+                lm.model, options.decode_weights, turborag_home() / "decode-weights" / kept
+            )
         elif kind != "float":
             raise ValueError(
                 f"this model decodes with {kind} weights (decode_weights={kind!r}): load it again"

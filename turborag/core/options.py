@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from turborag.core.defaults import DECODE_WEIGHTS
+
 
 @dataclass(frozen=True)
 class TrainingFree:
@@ -72,7 +74,7 @@ class EngineOptions:
             raise ValueError("prefill_step must be at least 1")
         if self.batch_size < 1 or self.prefix_block < 1 or self.prefix_cache_tokens < 0:
             raise ValueError("batch_size and prefix_block must be >= 1, prefix_cache_tokens >= 0")
-        if self.decode_weights not in ("float", "int8", "int4"):
+        if self.decode_weights not in DECODE_WEIGHTS:
             raise ValueError(f"unknown decode weights {self.decode_weights!r}: use float, int8 or int4")
         if self.ram_cache_bytes < 0:
             raise ValueError(f"the RAM tier budget must be >= 0 bytes, got {self.ram_cache_bytes}")
