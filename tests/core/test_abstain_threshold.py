@@ -141,9 +141,32 @@ def test_threshold_is_read_from_the_fine_tune_record(tmp_path):
 
 
 def test_the_reply_is_the_trained_abstention(gemma_lm, tmp_path):
+    gemma_lm.answer_trained = True
     engine = _engine(gemma_lm, tmp_path, None)
     text = gemma_lm.tokenizer.decode(engine.abstain_ids, skip_special_tokens=True)
-    assert text.strip() == ABSTAIN  # as train/finetune.py tokenizes the target, less its newline
+    assert text == " " + ABSTAIN  # as train/finetune.py tokenizes the target, less its newline
+
+
+def test_an_untuned_chat_model_is_scored_on_its_reply_as_it_writes_it(gemma_lm, tmp_path):
+    """After the chat template's model turn an untuned model writes "The ...", not " The ..."; after a
+    plain "Answer:" it writes the space; a model fine-tuned on answer targets writes them as trained."""
+    from turborag.core.model import answer_trained
+
+    gemma_lm.tokenizer.chat_template = "{% for m in messages %}user: {{ m.content }}\n{% endfor %}model:\n"
+    chat = _engine(gemma_lm, tmp_path / "a", None)
+    assert chat.layout.template == "chat" and gemma_lm.tokenizer.decode(chat.abstain_ids) == ABSTAIN
+    plain = Engine(gemma_lm, KVStore(tmp_path / "b", cache_format="float32"), EngineOptions(template="plain"))
+    assert gemma_lm.tokenizer.decode(plain.abstain_ids) == " " + ABSTAIN
+    record = tmp_path / "turborag_finetune.json"
+    assert not answer_trained(tmp_path)
+    for meta, trained in (
+        ({"steps": 3}, True),
+        ({"objective": "answer"}, True),
+        ({"objective": "distill"}, False),
+    ):
+        record.write_text(json.dumps(meta))
+        assert answer_trained(tmp_path) is trained
+    assert answer_trained(adapter_dir_for("gemma-3-270m-turbo"))  # the shipped adapter: spaced, as trained
 
 
 def test_a_newline_merged_into_the_last_word_stays_in_the_reply(gemma_lm, tmp_path):
@@ -163,6 +186,7 @@ def test_a_newline_merged_into_the_last_word_stays_in_the_reply(gemma_lm, tmp_pa
         def __getattr__(self, name):
             return getattr(self.tok, name)
 
+    gemma_lm.answer_trained = True  # the reply with its target's newline, which may be merged
     plain = _engine(gemma_lm, tmp_path / "a", None)
     gemma_lm.tokenizer = Merging(gemma_lm.tokenizer)
     merged = _engine(gemma_lm, tmp_path / "b", None)

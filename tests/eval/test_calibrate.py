@@ -155,3 +155,61 @@ def test_the_named_qwen_ships_its_calibration_and_a_users_own_comes_first(model_
     assert calibration(model_copy, "some/other/model") is None
     (model_copy / CALIBRATION_FILE).write_text(json.dumps({"mode": "turbo-blend", "settings": {}}))
     assert calibration(model_copy, QWEN_MODEL)["mode"] == "turbo-blend"
+
+
+def test_the_threshold_declines_most_while_sparing_the_answerable():
+    """The lowest threshold wins only while the answerable questions stay under the bound in every mode;
+    a tie in declines goes to the higher (more conservative) threshold."""
+    import math
+
+    from turborag.eval.calibrate import choose_threshold
+
+    lp = math.log
+    answerable = {"turbo": [lp(0.01), lp(0.04), lp(0.2)], "full": [lp(0.01), lp(0.02), lp(0.06)]}
+    unanswerable = {"turbo": [lp(0.6), lp(0.35), lp(0.12)], "full": [lp(0.5), lp(0.3), lp(0.1)]}
+    chosen = choose_threshold(answerable, unanswerable, "turbo", 0.0, thresholds=(0.5, 0.3, 0.25, 0.1, 0.05))
+    # 0.1 would decline all three, but forces the reply on turbo's 0.2 answerable question
+    assert chosen["threshold"] == 0.3
+    row = next(r for r in chosen["thresholds"] if r["threshold"] == 0.3)
+    assert row["abstain"] == {"turbo": 2 / 3, "full": 2 / 3} and row["false_abstain"]["turbo"] == 0
+    # allowing one answerable question in three: 0.1 passes in turbo, and full's 0.06 stays under it
+    assert choose_threshold(answerable, unanswerable, "turbo", 1 / 3)["threshold"] in (0.1, 0.07, 0.05)
+    none = choose_threshold({"turbo": [lp(0.9)]}, {"turbo": [lp(0.001)]}, "turbo")
+    assert none["threshold"] is None  # nothing declined within the bound: no threshold at all
+
+
+def test_calibrate_chooses_a_threshold_the_model_then_answers_with(env, model_copy, tmp_path):
+    from turborag.core.prompt import ABSTAIN
+
+    data = _qa_file(tmp_path / "qa.jsonl")
+    twins = tmp_path / "twins.jsonl"
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    unanswerable = [
+        {**r, "answers": [ABSTAIN], "answerable": False, "contexts": r["contexts"][1:]} for r in rows
+    ]
+    twins.write_text("".join(json.dumps(r) + "\n" for r in unanswerable))
+    args = ["--model", str(model_copy), "--dtype", "float32", "--limit", "2", "--max-new-tokens", "4"]
+    r = runner.invoke(app, ["calibrate", str(data), *args, "--unanswerable", str(twins), "--json"])
+    record = cli_json(r)
+    chosen = record["abstain"]
+    assert chosen["n_answerable"] == 2 and chosen["n_unanswerable"] == 2 and chosen["data"]["sha256"]
+    assert set(chosen["thresholds"][0]["abstain"]) == {record["mode"], "full"}
+    assert record["abstain_threshold"] == chosen["threshold"]
+    # whatever a random model's probabilities are, the chosen one obeys the bound of 0 false declines
+    for row in chosen["thresholds"]:
+        if row["threshold"] == chosen["threshold"]:
+            assert max(row["false_abstain"].values()) == 0
+    written = json.loads((model_copy / CALIBRATION_FILE).read_text())
+    written["abstain_threshold"] = 0.25  # what a calibration records, the model answers with
+    (model_copy / CALIBRATION_FILE).write_text(json.dumps(written))
+    assert load_model(str(model_copy), dtype="float32").abstain_threshold == 0.25
+
+
+def test_unanswerable_records_must_say_so(env, model_copy, tmp_path):
+    data = _qa_file(tmp_path / "qa.jsonl")
+    r = runner.invoke(app, ["calibrate", str(data), "--model", str(model_copy), "--unanswerable", str(data)])
+    assert r.exit_code == 2 and "answerable: false" in r.output
+    r = runner.invoke(
+        app, ["calibrate", str(data), "--model", str(model_copy), "--unanswerable", "nope.jsonl"]
+    )
+    assert r.exit_code == 2 and "no such file" in r.output

@@ -187,7 +187,9 @@ class Engine:
         self.query_adapter = query_adapter.attached(lm.model)
         pad = lm.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else 0
-        self.abstain_ids = abstain_ids(lm.tokenizer)
+        # The reply as this model would write it: after "Answer:" or from a fine-tune's targets, with a space.
+        spaced = lm.answer_trained or self.layout.template == "plain"
+        self.abstain_ids = abstain_ids(lm.tokenizer, spaced)
         self.prefix_cache = PrefixCache(
             block_size=options.prefix_block, max_tokens=options.prefix_cache_tokens, salt=lm.fingerprint
         )

@@ -62,6 +62,8 @@ class LoadedModel:
     abstain_threshold: float | None = None
     # decline a question naming something no passage mentions (grounding.py); from the fine-tune's record
     name_check: bool = False
+    # fine-tuned here on answer targets (prompt.answer_ids), so its replies begin with a space
+    answer_trained: bool = False
     # the training-free mode `turborag calibrate` chose for this model, and where to record a new choice
     calibration: dict | None = None
     folder: Path | None = None
@@ -349,6 +351,7 @@ def _load_adapter(adapter: Path, device: str, dtype: torch.dtype) -> LoadedModel
         folder = _cast_once(_merge_once(adapter, base_folder, device), dtype)
         model, tokenizer = _load_folder(folder, dev, dtype)
         fp = fingerprint(model, tokenizer)
+    chosen = calibration(adapter)
     return LoadedModel(
         model,
         tokenizer,
@@ -357,9 +360,10 @@ def _load_adapter(adapter: Path, device: str, dtype: torch.dtype) -> LoadedModel
         dev,
         dtype,
         cache_aware=is_cache_aware(adapter),
-        abstain_threshold=abstain_threshold(adapter),
+        abstain_threshold=abstain_threshold(adapter, chosen),
         name_check=name_check(adapter),
-        calibration=calibration(adapter),
+        answer_trained=answer_trained(adapter),
+        calibration=chosen,
         folder=adapter,
     )
 
@@ -377,11 +381,21 @@ def is_cache_aware(folder: Path) -> bool:
     return bool(meta.get("cache_aware", not meta.get("causal", True))) if meta else False
 
 
-def abstain_threshold(folder: Path) -> float | None:
-    """The abstention threshold recorded for a fine-tune (`abstain_threshold` in its turborag_finetune.json,
-    set by hand after measuring it: docs/BENCHMARKS.md), or None."""
+def abstain_threshold(folder: Path, calibration: dict | None = None) -> float | None:
+    """The abstention threshold recorded for a model: its fine-tune's (`abstain_threshold` in its
+    turborag_finetune.json, set by hand after measuring it: docs/BENCHMARKS.md), else the one its
+    calibration chose (`turborag calibrate --unanswerable`), or None."""
     value = _finetune_record(folder).get("abstain_threshold")
+    if value is None and calibration is not None:
+        value = calibration.get("abstain_threshold")
     return None if value is None else check_abstain_threshold(float(value))
+
+
+def answer_trained(folder: Path) -> bool:
+    """Whether `turborag finetune` trained this model or adapter on answer targets (not by distillation, whose
+    targets are the base model's own replies)."""
+    meta = _finetune_record(folder)
+    return bool(meta) and meta.get("objective", "answer") == "answer"
 
 
 def name_check(folder: Path) -> bool:
@@ -458,6 +472,7 @@ def load_model(
     folder = model_dir_for(spec)
     model, tokenizer = _load_folder(folder, dev, dtype)
     fp = fingerprint(model, tokenizer)
+    chosen = calibration(folder, spec)
     return LoadedModel(
         model,
         tokenizer,
@@ -466,9 +481,10 @@ def load_model(
         dev,
         dtype,
         cache_aware=is_cache_aware(folder),
-        abstain_threshold=abstain_threshold(folder),
+        abstain_threshold=abstain_threshold(folder, chosen),
         name_check=name_check(folder),
-        calibration=calibration(folder, spec),
+        answer_trained=answer_trained(folder),
+        calibration=chosen,
         folder=folder,
     )
 

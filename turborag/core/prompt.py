@@ -36,9 +36,13 @@ def answer_ids(tokenizer, answer: str) -> list[int]:
     return list(tokenizer(f" {answer.strip()}\n", add_special_tokens=False)["input_ids"])
 
 
-def abstain_ids(tokenizer) -> list[int]:
-    """The abstention reply as the model writes it before stopping: the trained target less its closing
-    newline, unless the tokenizer merged the newline into the last word (Llama 3 has ".\n")."""
+def abstain_ids(tokenizer, spaced: bool = True) -> list[int]:
+    """The abstention reply as the model writes it before stopping. `spaced`: as a fine-tune trained on
+    `answer_ids` targets writes it (' The passages ...'), less the closing newline unless the tokenizer merged
+    it into the last word (Llama 3 has ".\n"); otherwise as an untuned chat model begins its turn, without
+    the space: scored with the space, such a model's reply is about e^-17 less likely than as it writes it."""
+    if not spaced:
+        return list(tokenizer(ABSTAIN, add_special_tokens=False)["input_ids"])
     reply = answer_ids(tokenizer, ABSTAIN)
     return reply[:-1] if not tokenizer.decode(reply[-1:]).strip() else reply
 

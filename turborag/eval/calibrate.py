@@ -8,6 +8,14 @@ the earlier in CANDIDATES), and records the choice next to the model (turborag_c
 weights or the adapter, as a fine-tune records its threshold). `--mode auto` then answers in that mode with
 those settings (core/engine.py), and says so when it stays more than 3 points below `full`.
 
+Given unanswerable questions as well (`--unanswerable`: the user's own, such as topical twins of the
+validation questions), calibration also chooses an abstention threshold. An instruct model told to reply
+"The passages do not say." when the passages lack the answer rarely does so greedily, yet the probability
+it gives that reply can still tell the two kinds of question apart. The threshold chosen is the one that
+declines the most unanswerable questions in the chosen mode while forcing the reply on no more than
+`max_false_abstain` of the answerable ones, in that mode and in `full` alike; it is recorded as
+`abstain_threshold` and the engine then answers the reply whenever its probability reaches it.
+
 The data must not be an evaluation benchmark: a file whose records carry RGB's ids is refused, since a
 mode chosen on RGB would make RGB's numbers measure the choice, not the model.
 """
@@ -15,6 +23,7 @@ mode chosen on RGB would make RGB's numbers measure the choice, not the model.
 from __future__ import annotations
 
 import datetime
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,8 +31,10 @@ from pathlib import Path
 from turborag.core.defaults import CALIBRATION_WITHIN
 from turborag.core.engine import Engine
 from turborag.core.files import write_json
+from turborag.core.generate import SamplingParams
 from turborag.core.model import CALIBRATION_FILE
 from turborag.core.options import TRAINING_FREE_DEFAULTS
+from turborag.core.progress import progress_bar
 from turborag.eval.evaluate import Example, ModeResult, run_eval
 
 
@@ -101,6 +112,79 @@ def calibrate(
             {"label": c.label, "accuracy": r.accuracy, "ttft_s_p50": r.ttft_s_p50} for c, r in measured
         ],
     }
+
+
+# Thresholds tried, most conservative first: a tie in abstention goes to the higher one.
+THRESHOLDS = (0.5, 0.4, 0.3, 0.25, 0.2, 0.15, 0.1, 0.07, 0.05, 0.03, 0.02, 0.01)
+
+
+def abstain_scores(
+    engine: Engine, examples: Sequence[Example], mode: str, progress: bool = True
+) -> list[float]:
+    """log p(ABSTAIN | prompt) of each example in `mode`, as the engine scores it for its threshold (the
+    reply teacher-forced in the prefill forward; threshold 1, which no probability reaches, never forces
+    it)."""
+    scoring = engine.with_options(abstain_threshold=1.0)
+    with progress_bar("precompute (offline, untimed)", unit="tok", enabled=progress) as bar:
+        scoring.precompute([c for e in examples for c in e.contexts], on_batch=bar.update)
+    one = SamplingParams(max_new_tokens=1)
+    rows = progress_bar(f"abstention scores ({mode})", unit="q", enabled=progress, iterable=examples)
+    return [scoring.answer(e.question, e.contexts, mode, one).abstain_logprob for e in rows]
+
+
+def choose_threshold(
+    answerable: dict[str, list[float]],
+    unanswerable: dict[str, list[float]],
+    mode: str,
+    max_false_abstain: float = 0.0,
+    thresholds: Sequence[float] = THRESHOLDS,
+) -> dict:
+    """The threshold that declines the most of `unanswerable` in `mode` while forcing the reply on at most
+    `max_false_abstain` of `answerable` in every mode scored (the scores are log-probabilities, by mode).
+    `threshold` is None when no threshold declines anything within that bound."""
+
+    def rate(scores: list[float], t: float) -> float:
+        return sum(x >= math.log(t) for x in scores) / len(scores)
+
+    rows = [
+        {
+            "threshold": t,
+            "abstain": {m: rate(unanswerable[m], t) for m in unanswerable},
+            "false_abstain": {m: rate(answerable[m], t) for m in answerable},
+        }
+        for t in thresholds
+    ]
+    allowed = [r for r in rows if max(r["false_abstain"].values()) <= max_false_abstain]
+    best = max(allowed, key=lambda r: r["abstain"][mode], default=None)  # max keeps the first of equals
+    chosen = best["threshold"] if best is not None and best["abstain"][mode] > 0 else None
+    return {
+        "threshold": chosen,
+        "mode": mode,
+        "max_false_abstain": max_false_abstain,
+        "n_answerable": len(answerable[mode]),
+        "n_unanswerable": len(unanswerable[mode]),
+        "thresholds": rows,
+    }
+
+
+def calibrate_abstention(
+    engine: Engine,
+    answerable: Sequence[Example],
+    unanswerable: Sequence[Example],
+    mode: str,
+    max_false_abstain: float = 0.0,
+    progress: bool = True,
+    say: Callable[[str], None] = lambda _: None,
+) -> dict:
+    """Score both sets in `mode` and in `full`, and choose the threshold (`choose_threshold`)."""
+    if not answerable or not unanswerable:
+        raise ValueError("choosing an abstention threshold needs answerable and unanswerable questions")
+    a, u = {}, {}
+    for m in dict.fromkeys((mode, "full")):
+        say(f"abstention scores in {m}: {len(answerable)} answerable, {len(unanswerable)} unanswerable")
+        a[m] = abstain_scores(engine, answerable, m, progress)
+        u[m] = abstain_scores(engine, unanswerable, m, progress)
+    return choose_threshold(a, u, mode, max_false_abstain)
 
 
 def candidate(engine: Engine, settings: dict) -> Engine:

@@ -21,22 +21,9 @@ import json
 import math
 from pathlib import Path
 
-from turborag.core.engine import Engine
-from turborag.core.generate import SamplingParams
+from turborag.eval.calibrate import THRESHOLDS, abstain_scores
+from turborag.eval.evaluate import load_examples
 from turborag.rag.engines import scratch_engine
-
-
-def abstention_logprob(engine: Engine, question: str, contexts: list[str], mode: str) -> float:
-    """log p(ABSTAIN | prompt), as the engine scores it for its threshold (the reply teacher-forced in the
-    prefill forward); threshold 1, which no probability reaches, scores without ever forcing the reply."""
-    scoring = engine.with_options(abstain_threshold=1.0)
-    return scoring.answer(question, contexts, mode, SamplingParams(max_new_tokens=1)).abstain_logprob
-
-
-def scores(engine: Engine, path: Path, mode: str, limit: int | None) -> list[float]:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()][:limit]
-    engine.precompute([c for r in rows for c in r["contexts"]])
-    return [abstention_logprob(engine, r["question"], r["contexts"], mode) for r in rows]
 
 
 def main() -> None:
@@ -47,15 +34,16 @@ def main() -> None:
     p.add_argument("--unanswerable", type=Path, required=True)
     p.add_argument("--limit", type=int, default=None, help="first N questions of each file")
     p.add_argument("--json", type=Path, default=None, help="also write every score here")
+    p.add_argument("--store", type=Path, default=None, help="a cache store to reuse (default: in memory)")
     args = p.parse_args()
-    engine = scratch_engine(args.model, "cpu", None, "auto", "auto")
-    a = scores(engine, args.answerable, args.mode, args.limit)
-    u = scores(engine, args.unanswerable, args.mode, args.limit)
+    engine = scratch_engine(args.model, "cpu", args.store, "auto", "auto")
+    a = abstain_scores(engine, load_examples(args.answerable, args.limit)[0], args.mode)
+    u = abstain_scores(engine, load_examples(args.unanswerable, args.limit)[0], args.mode)
     # ROC AUC: the chance that an unanswerable question scores above an answerable one (ties count half)
     auc = sum((x > y) + 0.5 * (x == y) for x in u for y in a) / (len(a) * len(u))
     print(f"{args.model} ({args.mode}): {len(a)} answerable, {len(u)} unanswerable, ROC AUC {auc:.3f}")
     print("threshold  abstains on unanswerable  abstains on answerable")
-    for t in (0.5, 0.3, 0.2, 0.1, 0.05, 0.02):
+    for t in THRESHOLDS:
         lt = math.log(t)
         print(f"{t:>9}  {sum(x >= lt for x in u) / len(u):>23.1%}  {sum(x >= lt for x in a) / len(a):>22.1%}")
     if args.json:
