@@ -5,7 +5,6 @@ The measuring and the record are eval/calibrate.py's; this is the command line a
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -50,10 +49,10 @@ def calibrate(
             fail(f"no such file: {path}")
     from turborag.core.files import sha256_file
     from turborag.eval.calibrate import calibrate as run
-    from turborag.eval.calibrate import calibrate_abstention, candidate, check_not_a_benchmark, write_record
+    from turborag.eval.calibrate import calibrate_abstention, candidate, write_record
 
-    examples = _examples(data, limit, check_not_a_benchmark)
-    declinable = _examples(unanswerable, limit, check_not_a_benchmark) if unanswerable else []
+    examples = _examples(data, limit)
+    declinable = _examples(unanswerable, limit) if unanswerable else []
     if unanswerable and any(e.answerable for e in declinable):
         fail(f"{unanswerable}: every record must have `answerable: false`")
     if unanswerable and not any(e.answerable for e in examples):
@@ -91,11 +90,13 @@ def calibrate(
     _print(record)
 
 
-def _examples(path: Path, limit: int, check: Callable[[Path], None]) -> list:
+def _examples(path: Path, limit: int) -> list:
+    """The usable questions of `path` (bad lines warned about), or exit: none, or an evaluation benchmark."""
+    from turborag.eval.calibrate import check_not_a_benchmark
     from turborag.eval.evaluate import load_examples
 
     try:
-        check(path)
+        check_not_a_benchmark(path)
     except ValueError as e:
         fail(str(e))
     examples, problems = load_examples(path, limit)

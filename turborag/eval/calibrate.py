@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from turborag.core import modes
 from turborag.core.defaults import CALIBRATION_WITHIN
 from turborag.core.engine import Engine
 from turborag.core.files import write_json
@@ -125,8 +126,9 @@ def abstain_scores(
     reply teacher-forced in the prefill forward; threshold 1, which no probability reaches, never forces
     it)."""
     scoring = engine.with_options(abstain_threshold=1.0)
-    with progress_bar("precompute (offline, untimed)", unit="tok", enabled=progress) as bar:
-        scoring.precompute([c for e in examples for c in e.contexts], on_batch=bar.update)
+    if modes.get(mode).reuses_caches:  # `full` prefills its passages: no chunk caches to make
+        with progress_bar("precompute (offline, untimed)", unit="tok", enabled=progress) as bar:
+            scoring.precompute([c for e in examples for c in e.contexts], on_batch=bar.update)
     one = SamplingParams(max_new_tokens=1)
     rows = progress_bar(f"abstention scores ({mode})", unit="q", enabled=progress, iterable=examples)
     return [scoring.answer(e.question, e.contexts, mode, one).abstain_logprob for e in rows]

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 from pathlib import Path
 
-from turborag.eval.calibrate import THRESHOLDS, abstain_scores
+from turborag.eval.calibrate import abstain_scores, choose_threshold
 from turborag.eval.evaluate import load_examples
 from turborag.rag.engines import scratch_engine
 
@@ -43,9 +42,9 @@ def main() -> None:
     auc = sum((x > y) + 0.5 * (x == y) for x in u for y in a) / (len(a) * len(u))
     print(f"{args.model} ({args.mode}): {len(a)} answerable, {len(u)} unanswerable, ROC AUC {auc:.3f}")
     print("threshold  abstains on unanswerable  abstains on answerable")
-    for t in THRESHOLDS:
-        lt = math.log(t)
-        print(f"{t:>9}  {sum(x >= lt for x in u) / len(u):>23.1%}  {sum(x >= lt for x in a) / len(a):>22.1%}")
+    m = args.mode
+    for row in choose_threshold({m: a}, {m: u}, m)["thresholds"]:
+        print(f"{row['threshold']:>9}  {row['abstain'][m]:>23.1%}  {row['false_abstain'][m]:>22.1%}")
     if args.json:
         args.json.write_text(json.dumps({"answerable": a, "unanswerable": u, "auc": auc}))
 
