@@ -214,8 +214,8 @@ def main() -> None:
         for f in fillers:
             fcache, fpos = filler_context(engine, prompt, filler_ids[:f])
             answers[f"filler-{f}"] = greedy(engine, fcache, prompt.suffix, fpos)
-        turbo = engine.assemble(prompt, "turbo", 64)
         for r in oracles:
+            turbo = engine.assemble(prompt, "turbo", 64)
             idx = oracle_tokens(turbo.cache, cache, p, n_ctx, 14, r)
             ctx = engine.assemble(prompt, "turbo", 64)
             swap_tokens(ctx.cache, cache, idx, 14)

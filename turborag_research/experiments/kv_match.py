@@ -32,18 +32,15 @@ from turborag.store.chunk_kv import ChunkKV
 from turborag_research.experiments.deep_layers import greedy
 
 
-def full_context(engine, prompt) -> list[hf_compat.KV]:
-    """The base model's K/V of prefix + chunks in one prefill, per layer (1, H, N, D)."""
-    model, dev = engine.lm.model, engine.lm.device
+def full_context(engine, prompt) -> ChunkKV:
+    """The base model's K/V of prefix + chunks in one prefill: (L, H, N, D)."""
     ids = prompt.prefix + [t for c in prompt.chunks for t in c]
-    cache = hf_compat.new_cache()
-    with torch.no_grad(), model.disable_adapter():
-        x = torch.tensor([ids], device=dev)
-        hf_compat.forward(model, x, torch.arange(len(ids), device=dev)[None], cache, logits_to_keep=1)
-    return [(k.clone(), v.clone()) for k, v in hf_compat.cache_layers(cache)]
+    with engine.lm.model.disable_adapter():
+        kv_all = kv.prefill_prefix(engine.lm.model, ids)
+    return ChunkKV(kv_all.k.clone(), kv_all.v.clone())  # out of inference mode: targets of a loss
 
 
-def chunk_loss(engine, prompt, teacher: list[hf_compat.KV], start: int) -> torch.Tensor:
+def chunk_loss(engine, prefix: ChunkKV, prompt, teacher: ChunkKV, start: int) -> torch.Tensor:
     """Mean over chunks and layers start.. of the relative squared distance of the adapted chunk's K/V to
     full's for the same tokens (teacher keys rotated back by the chunk's shift)."""
     p = len(prompt.prefix)
@@ -51,21 +48,20 @@ def chunk_loss(engine, prompt, teacher: list[hf_compat.KV], start: int) -> torch
     inv = engine.inv_freq[start:]
     losses = []
     for c, d in zip(prompt.chunks, shifts):
-        got = kv.precompute_chunks(engine.lm.model, engine.prefix_kv_dev, [c], grad=True)[0]  # (L, H, n, D)
+        got = kv.precompute_chunks(engine.lm.model, prefix, [c], grad=True)[0]  # (L, H, n, D)
         s, e = p + d, p + d + len(c)
-        tk = torch.stack([k[0, :, s:e] for k, _ in teacher[start:]]).float()  # (L', H, n, D)
-        tv = torch.stack([v[0, :, s:e] for _, v in teacher[start:]]).float()
+        tk = teacher.k[start:, :, s:e].float()  # (L', H, n, D)
+        tv = teacher.v[start:, :, s:e].float()
         tk = kv.rotate_keys(tk, -d, inv)
         for a, b in ((got.k[start:].float(), tk), (got.v[start:].float(), tv)):
             losses.append(((a - b) ** 2).sum(-1).mean() / (b**2).sum(-1).mean())
     return torch.stack(losses).mean()
 
 
-def adapted_context(engine, prompt):
-    """Turbo's context with every chunk computed with the adapter on."""
-    with torch.inference_mode():
-        chunks = kv.precompute_chunks(engine.lm.model, engine.prefix_kv_dev, prompt.chunks)
-    return kv.assemble(engine.prefix_kv_dev, [ChunkKV(c.k, c.v) for c in chunks], engine.inv_freq)
+def turbo_context(engine, prefix: ChunkKV, prompt):
+    """Turbo's context, every chunk computed alone behind the prefix (with the adapter if it is on)."""
+    chunks = kv.precompute_chunks(engine.lm.model, prefix, prompt.chunks)
+    return kv.assemble(prefix, chunks, engine.inv_freq)
 
 
 def main() -> None:
@@ -92,7 +88,7 @@ def main() -> None:
     for prm in model.parameters():  # LoRA in the model's dtype would round every update away
         if prm.requires_grad:
             prm.data = prm.data.float()
-    engine.prefix_kv_dev = engine.prefix_kv.to(engine.lm.device, engine.lm.dtype)
+    prefix = engine.prefix_kv.to(engine.lm.device, engine.lm.dtype)
     args.out.mkdir(parents=True, exist_ok=True)
     log = (args.out / "train.jsonl").open("a")
     opt = torch.optim.AdamW([q for q in model.parameters() if q.requires_grad], lr=args.lr, weight_decay=0.0)
@@ -101,7 +97,7 @@ def main() -> None:
         t0 = time.perf_counter()
         prompt = engine.check_fits(ex.question, ex.contexts, params)
         teacher = full_context(engine, prompt)
-        loss = chunk_loss(engine, prompt, teacher, args.from_layer)
+        loss = chunk_loss(engine, prefix, prompt, teacher, args.from_layer)
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -120,13 +116,9 @@ def main() -> None:
         with model.disable_adapter():
             cache = hf_compat.buffered_cache(engine.lm.config.num_hidden_layers, reserve=64)
             answers["full"] = greedy(engine, cache, prompt.ids, 0)
-            cache, pos = kv.assemble(
-                engine.prefix_kv_dev,
-                kv.precompute_chunks(model, engine.prefix_kv_dev, prompt.chunks),
-                engine.inv_freq,
-            )
+            cache, pos = turbo_context(engine, prefix, prompt)
             answers["turbo"] = greedy(engine, cache, prompt.suffix, pos)
-        cache, pos = adapted_context(engine, prompt)
+        cache, pos = turbo_context(engine, prefix, prompt)
         with model.disable_adapter():
             answers["adapted"] = greedy(engine, cache, prompt.suffix, pos)
         for k, a in answers.items():
